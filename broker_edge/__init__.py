@@ -1,0 +1,1 @@
+"""The MQTT broker edge: codec, topic trie, sessions, router, listener."""

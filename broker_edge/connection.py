@@ -1,0 +1,353 @@
+"""Protocol state machine of one client connection (sans-IO).
+
+Theory of operation
+-------------------
+The listener feeds raw bytes to :meth:`Connection.receive`; the decoder turns them into packets
+and each packet goes to the handler of its type, chosen from ``_HANDLERS`` after the state check
+in ``_LEGAL``: the one table of which packets a connection may receive in which state. Handlers
+talk to the :class:`~broker_edge.broker.Broker` (routing, sessions, journal) and queue outgoing
+bytes with :meth:`emit`; the listener writes everything a read produced in one
+``transport.write``. Nothing here touches sockets, clocks or event loops: time comes in as
+``now``.
+
+A peer that breaks the protocol raises :class:`~broker_edge.errors.ProtocolError` out of
+``receive``; the listener turns it into a DISCONNECT with its reason code (MQTT 5) and closes
+this connection only.
+
+Inbound QoS 1 and 2 publishes are acknowledged only after their journal record is durable:
+the broker calls back :meth:`ack_durable` from the group commit.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from enum import Enum
+from typing import TYPE_CHECKING
+
+from broker_edge.codec import Decoder, encode
+from broker_edge.errors import ProtocolError
+from broker_edge.packets import (
+    NO_PROPERTIES,
+    SUBACK_FAILURE_311,
+    Auth,
+    Connack,
+    ConnackCode311,
+    Connect,
+    Disconnect,
+    Packet,
+    Pingreq,
+    Pingresp,
+    Properties,
+    ProtocolVersion,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    QoS,
+    ReasonCode,
+    Suback,
+    Subscribe,
+    Unsuback,
+    Unsubscribe,
+)
+from broker_edge.topics import InvalidTopic, parse_subscription_filter, validate_topic_name
+
+if TYPE_CHECKING:
+    from broker_edge.broker import Broker
+    from broker_edge.session import Session
+
+_client_numbers = itertools.count(1)
+
+
+class ConnState(Enum):
+    AWAIT_CONNECT = 1
+    CONNECTED = 2
+    CLOSED = 3
+
+
+# Which packet types a server may receive in each state [MQTT-3.1.0-1, MQTT-3.1.0-2].
+_FROM_CLIENT_CONNECTED = frozenset(
+    {Publish, Puback, Pubrec, Pubrel, Pubcomp, Subscribe, Unsubscribe, Pingreq, Disconnect, Auth}
+)
+_LEGAL: dict[ConnState, frozenset[type]] = {
+    ConnState.AWAIT_CONNECT: frozenset({Connect}),
+    ConnState.CONNECTED: _FROM_CLIENT_CONNECTED,
+    ConnState.CLOSED: frozenset(),
+}
+
+
+class Connection:
+    """One client's side of the protocol: CONNECT to DISCONNECT."""
+
+    def __init__(self, broker: Broker, peer: str, now: float) -> None:
+        self.broker = broker
+        self.peer = peer
+        self.decoder = Decoder(max_packet_size=broker.settings.max_packet_size)
+        self.state = ConnState.AWAIT_CONNECT
+        self.version = ProtocolVersion.MQTT_3_1_1
+        self.client_id = ""
+        self.tenant = ""
+        self.session: Session | None = None
+        self.keepalive = 0
+        self.last_rx = now
+        self.connected_at = now
+        self.will: Publish | None = None
+        self.will_delay = 0
+        self.clean_disconnect = False
+        # Set by the listener: writes bytes to the transport, closes it.
+        self.write: Callable[[bytes], None] = _discard
+        self.close_transport: Callable[[], None] = _noop
+        self.out: list[bytes] = []
+        self.write_paused = False
+        self.closing = False
+        self.close_reason: int | None = None
+
+    # -- input -------------------------------------------------------------------------------
+
+    def receive(self, data: bytes, now: float) -> None:
+        """Feed bytes from the socket; raises ProtocolError when the peer broke the protocol."""
+        self.last_rx = now
+        decoder = self.decoder
+        decoder.feed(data)
+        handlers = _HANDLERS
+        while not self.closing:
+            packet = decoder.next_packet()
+            if packet is None:
+                return
+            if type(packet) not in _LEGAL[self.state]:
+                raise ProtocolError(
+                    f"{type(packet).__name__} not allowed in state {self.state.name}",
+                    ReasonCode.PROTOCOL_ERROR,
+                )
+            handlers[type(packet)](self, packet, now)
+
+    # -- output ------------------------------------------------------------------------------
+
+    def emit(self, data: bytes) -> None:
+        if self.state is ConnState.CLOSED:
+            return
+        if not self.out:
+            self.broker.dirty.add(self)
+        self.out.append(data)
+
+    def send(self, packet: Packet) -> None:
+        self.emit(encode(packet, self.version))
+
+    def flush(self) -> None:
+        if self.out:
+            data = b"".join(self.out) if len(self.out) > 1 else self.out[0]
+            self.out.clear()
+            self.write(data)
+        if self.closing and self.state is not ConnState.CLOSED:
+            self.state = ConnState.CLOSED
+            self.close_transport()
+
+    def close(self, reason: int | None = None, *, send_disconnect: bool = True) -> None:
+        """Close after flushing; MQTT 5 clients first get DISCONNECT with ``reason``."""
+        if self.closing:
+            return
+        if (
+            send_disconnect
+            and reason is not None
+            and self.version == ProtocolVersion.MQTT_5
+            and self.state is ConnState.CONNECTED
+        ):
+            self.send(Disconnect(reason_code=reason))
+        self.close_reason = reason
+        self.closing = True
+        self.broker.dirty.add(self)
+
+    def protocol_failure(self, exc: ProtocolError) -> None:
+        """The peer broke the protocol: answer with the reason code and close [MQTT-4.13.1-1]."""
+        reason = int(exc.reason_code)
+        if self.state is ConnState.AWAIT_CONNECT and self.version == ProtocolVersion.MQTT_5:
+            # Before CONNACK the reason code travels in a CONNACK [MQTT-3.2.2-8].
+            self.send(Connack(reason_code=reason))
+        elif (
+            self.state is ConnState.AWAIT_CONNECT
+            and reason == ReasonCode.UNSUPPORTED_PROTOCOL_VERSION
+        ):
+            self.send(Connack(reason_code=ConnackCode311.UNACCEPTABLE_PROTOCOL_VERSION))
+        self.broker.log_malformed(self, exc)
+        self.close(reason)
+
+    # -- handlers ----------------------------------------------------------------------------
+
+    def _on_connect(self, packet: Connect, now: float) -> None:
+        self.version = packet.protocol_version
+        v5 = self.version == ProtocolVersion.MQTT_5
+        client_id = packet.client_id
+        assigned: str | None = None
+        if not client_id:
+            if not packet.clean_start and not v5:
+                # [MQTT-3.1.3-8] an empty id with CleanSession=0 is rejected.
+                self.send(Connack(reason_code=ConnackCode311.IDENTIFIER_REJECTED))
+                self.close(None)
+                return
+            client_id = assigned = f"edgebus-{self.broker.settings.node_id}-{next(_client_numbers)}"
+        self.client_id = client_id
+        self.keepalive = packet.keepalive
+        server_keepalive: int | None = None
+        if self.keepalive > self.broker.settings.max_keepalive:
+            self.keepalive = self.broker.settings.max_keepalive
+            server_keepalive = self.keepalive if v5 else None
+        refusal = self.broker.authenticate(self, packet)
+        if refusal is not None:
+            self.send(Connack(reason_code=refusal))
+            self.close(None)
+            return
+        if packet.will is not None:
+            will = packet.will
+            self.will = Publish(
+                topic=will.topic,
+                payload=will.payload,
+                qos=will.qos,
+                retain=will.retain,
+                properties=will.properties,
+            )
+            self.will_delay = will.properties.will_delay_interval or 0
+        session, present = self.broker.open_session(self, packet, now)
+        self.session = session
+        self.state = ConnState.CONNECTED
+        props = NO_PROPERTIES
+        if v5:
+            props = Properties(
+                assigned_client_identifier=assigned,
+                server_keep_alive=server_keepalive,
+                receive_maximum=self.broker.settings.max_inflight_messages,
+                topic_alias_maximum=0,
+                shared_subscription_available=0,
+                subscription_identifier_available=0,
+            )
+        self.send(Connack(session_present=present, reason_code=0, properties=props))
+        self.broker.session_resumed(self, session)
+
+    def _on_publish(self, packet: Publish, now: float) -> None:
+        try:
+            validate_topic_name(packet.topic)
+        except InvalidTopic as exc:
+            raise ProtocolError(str(exc), ReasonCode.TOPIC_NAME_INVALID) from exc
+        qos = packet.qos
+        session = self.session
+        assert session is not None
+        if qos == QoS.EXACTLY_ONCE and packet.packet_id in session.awaiting_rel:
+            # A resent QoS 2 PUBLISH we already accepted: acknowledge again, deliver once
+            # [MQTT-4.3.3-10].
+            self.send(Pubrec(packet_id=packet.packet_id))
+            return
+        if packet.topic.startswith("$"):
+            # Topics starting with "$" are the platform's own [MQTT-4.7.2-1]; clients may not
+            # publish there. QoS > 0 is still acknowledged (3.1.1 has no negative ack).
+            self.broker.log_denied_publish(self, packet.topic)
+            self._ack_refused(packet)
+            return
+        seq = self.broker.accept_publish(self, packet, now)
+        if qos == QoS.AT_MOST_ONCE:
+            return
+        pid = packet.packet_id
+        assert pid is not None
+        if qos == QoS.EXACTLY_ONCE:
+            session.awaiting_rel.add(pid)
+        self.broker.after_durable(seq, self, pid, qos)
+
+    def ack_durable(self, packet_id: int, qos: QoS) -> None:
+        """The journal made an inbound publish durable: acknowledge it now."""
+        if qos == QoS.AT_LEAST_ONCE:
+            self.send(Puback(packet_id=packet_id))
+        else:
+            self.send(Pubrec(packet_id=packet_id))
+
+    def _ack_refused(self, packet: Publish) -> None:
+        pid = packet.packet_id
+        if pid is None:
+            return
+        v5 = self.version == ProtocolVersion.MQTT_5
+        reason = ReasonCode.NOT_AUTHORIZED if v5 else 0
+        if packet.qos == QoS.AT_LEAST_ONCE:
+            self.send(Puback(packet_id=pid, reason_code=reason))
+        else:
+            self.send(Pubrec(packet_id=pid, reason_code=reason))
+
+    def _on_pubrel(self, packet: Pubrel, now: float) -> None:
+        assert self.session is not None
+        found = packet.packet_id in self.session.awaiting_rel
+        self.session.awaiting_rel.discard(packet.packet_id)
+        reason = 0 if found or self.version != ProtocolVersion.MQTT_5 else 0x92
+        self.send(Pubcomp(packet_id=packet.packet_id, reason_code=reason))
+
+    def _on_puback(self, packet: Puback, now: float) -> None:
+        self.broker.delivery_acked(self, packet.packet_id, Puback)
+
+    def _on_pubrec(self, packet: Pubrec, now: float) -> None:
+        if self.broker.delivery_acked(self, packet.packet_id, Pubrec):
+            self.send(Pubrel(packet_id=packet.packet_id))
+
+    def _on_pubcomp(self, packet: Pubcomp, now: float) -> None:
+        self.broker.delivery_acked(self, packet.packet_id, Pubcomp)
+
+    def _on_subscribe(self, packet: Subscribe, now: float) -> None:
+        v5 = self.version == ProtocolVersion.MQTT_5
+        codes: list[int] = []
+        accepted = []
+        for sub in packet.subscriptions:
+            try:
+                group, _ = parse_subscription_filter(sub.topic_filter)
+            except InvalidTopic:
+                codes.append(ReasonCode.TOPIC_FILTER_INVALID if v5 else SUBACK_FAILURE_311)
+                continue
+            if group is not None:
+                codes.append(
+                    ReasonCode.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED if v5 else SUBACK_FAILURE_311
+                )
+                continue
+            codes.append(int(sub.qos))
+            accepted.append(sub)
+        # SUBACK before the retained messages the subscriptions bring [MQTT-3.8.4-1].
+        self.send(Suback(packet_id=packet.packet_id, reason_codes=tuple(codes)))
+        self.broker.subscribe(self, accepted)
+
+    def _on_unsubscribe(self, packet: Unsubscribe, now: float) -> None:
+        found = self.broker.unsubscribe(self, packet.topic_filters)
+        v5 = self.version == ProtocolVersion.MQTT_5
+        codes = tuple(0 if f else ReasonCode.NO_SUBSCRIPTION_EXISTED for f in found) if v5 else ()
+        self.send(Unsuback(packet_id=packet.packet_id, reason_codes=codes))
+
+    def _on_pingreq(self, packet: Pingreq, now: float) -> None:
+        self.send(Pingresp())
+
+    def _on_disconnect(self, packet: Disconnect, now: float) -> None:
+        # A normal DISCONNECT discards the will [MQTT-3.1.2-10]; v5 0x04 keeps it.
+        if packet.reason_code != ReasonCode.DISCONNECT_WITH_WILL:
+            self.will = None
+        self.clean_disconnect = True
+        self.close(None, send_disconnect=False)
+
+    def _on_auth(self, packet: Auth, now: float) -> None:
+        # No enhanced authentication method is offered, so AUTH is a protocol error
+        # [MQTT-4.12.0-1].
+        raise ProtocolError("AUTH without an authentication method", ReasonCode.PROTOCOL_ERROR)
+
+
+def _discard(data: bytes) -> None:
+    del data
+
+
+def _noop() -> None:
+    pass
+
+
+_HANDLERS: dict[type, Callable[[Connection, object, float], None]] = {
+    Connect: Connection._on_connect,  # type: ignore[dict-item]
+    Publish: Connection._on_publish,  # type: ignore[dict-item]
+    Puback: Connection._on_puback,  # type: ignore[dict-item]
+    Pubrec: Connection._on_pubrec,  # type: ignore[dict-item]
+    Pubrel: Connection._on_pubrel,  # type: ignore[dict-item]
+    Pubcomp: Connection._on_pubcomp,  # type: ignore[dict-item]
+    Subscribe: Connection._on_subscribe,  # type: ignore[dict-item]
+    Unsubscribe: Connection._on_unsubscribe,  # type: ignore[dict-item]
+    Pingreq: Connection._on_pingreq,  # type: ignore[dict-item]
+    Disconnect: Connection._on_disconnect,  # type: ignore[dict-item]
+    Auth: Connection._on_auth,  # type: ignore[dict-item]
+}

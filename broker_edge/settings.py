@@ -1,0 +1,66 @@
+"""Typed settings of one broker edge node. Loaded from TOML by ``edgebus.settings``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from broker_edge.errors import ConfigError
+
+MAX_REMAINING_LENGTH = 268_435_455  # [MQTT-2.2.3] four-byte variable byte integer
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeSettings:
+    """Everything one edge node needs; every field has a working embedded default."""
+
+    host: str = "127.0.0.1"
+    port: int = 1883
+    data_dir: Path = Path("data")
+    node_id: str = "edge"
+    # Journal: fsync every group commit before acknowledging QoS 1/2 (the durable default).
+    journal_fsync: bool = True
+    journal_segment_bytes: int = 64 * 2**20
+    # Protocol limits.
+    max_packet_size: int = MAX_REMAINING_LENGTH + 5
+    max_keepalive: int = 65_535
+    # Per-session delivery bounds (slow subscribers never grow memory without bound).
+    max_queued_messages: int = 1_000
+    max_inflight_messages: int = 100
+    write_buffer_high_water: int = 1 * 2**20
+
+    def __post_init__(self) -> None:
+        _require(0 <= self.port <= 65_535, "edge.port", f"must be 0..65535, got {self.port}")
+        _require(bool(self.host), "edge.host", "must not be empty")
+        _require(
+            bool(self.node_id) and "/" not in self.node_id and self.node_id not in {".", ".."},
+            "edge.node_id",
+            f"must be a non-empty name without '/', got {self.node_id!r}",
+        )
+        _require(
+            self.journal_segment_bytes >= 4096,
+            "edge.journal_segment_bytes",
+            f"must be >= 4096, got {self.journal_segment_bytes}",
+        )
+        _require(
+            16 <= self.max_packet_size <= MAX_REMAINING_LENGTH + 5,
+            "edge.max_packet_size",
+            f"must be 16..{MAX_REMAINING_LENGTH + 5}, got {self.max_packet_size}",
+        )
+        _require(
+            0 < self.max_keepalive <= 65_535,
+            "edge.max_keepalive",
+            f"must be 1..65535, got {self.max_keepalive}",
+        )
+        for key in ("max_queued_messages", "max_inflight_messages", "write_buffer_high_water"):
+            value = getattr(self, key)
+            _require(value >= 1, f"edge.{key}", f"must be >= 1, got {value}")
+
+    @property
+    def journal_root(self) -> Path:
+        return self.data_dir / "journal"
+
+
+def _require(ok: bool, key: str, problem: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: {problem}")

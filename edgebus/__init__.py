@@ -1,0 +1,1 @@
+"""The ``edgebus`` command line and the settings it loads: the top of the import stack."""

@@ -1,0 +1,194 @@
+"""The ``edgebus`` command: ``edge``, ``pipeline`` and ``run`` (both, the embedded default)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from edgebus.settings import SettingsError, load_edge, load_pipeline
+
+log = logging.getLogger("edgebus")
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65_535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="edgebus", description=__doc__)
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    edge = sub.add_parser("edge", help="run one MQTT broker edge node")
+    edge.add_argument("--listen", type=_host_port, help="HOST:PORT (default 127.0.0.1:1883)")
+    edge.add_argument("--data-dir", type=Path, help="data dir; journal in DIR/journal/NODE")
+    edge.add_argument("--node-id", help="node name (default: the host name)")
+    edge.add_argument("--config", type=Path, help="TOML settings file with an [edge] table")
+    edge.add_argument(
+        "--loop", choices=("auto", "uvloop", "asyncio"), default="auto", help="event loop"
+    )
+
+    pipe = sub.add_parser("pipeline", help="run the Spark pipeline over every node's journal")
+    _pipeline_args(pipe)
+    pipe.add_argument("--once", action="store_true", help="process what is there, then exit")
+
+    run = sub.add_parser("run", help="the embedded default: one edge plus the pipeline")
+    run.add_argument("--listen", type=_host_port, default=("127.0.0.1", 1883))
+    run.add_argument("--node-id", default=None)
+    _pipeline_args(run)
+    return parser
+
+
+def _pipeline_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", type=Path, help="data dir holding journal/{node}/")
+    parser.add_argument("--lake", type=Path, help="directory of the Delta tables")
+    parser.add_argument("--config", type=Path, help="TOML settings file with a [pipeline] table")
+    parser.add_argument("--master", help="Spark master (default local[*])")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        if args.command == "edge":
+            return _edge(args)
+        if args.command == "pipeline":
+            return _pipeline(args)
+        return _run(args)
+    except SettingsError as exc:
+        print(f"edgebus: bad settings: {exc}", file=sys.stderr)
+        return 2
+
+
+def _edge(args: argparse.Namespace) -> int:
+    overrides: dict[str, Any] = {
+        "data_dir": args.data_dir,
+        "node_id": args.node_id,
+        "host": args.listen[0] if args.listen else None,
+        "port": args.listen[1] if args.listen else None,
+    }
+    settings = load_edge(args.config, overrides, defaults={"node_id": socket.gethostname()})
+    runner = _event_loop_runner(args.loop)
+    runner(_serve_edge(settings))
+    return 0
+
+
+def _event_loop_runner(choice: str) -> Any:
+    if choice in {"auto", "uvloop"}:
+        try:
+            import uvloop
+        except ImportError:
+            if choice == "uvloop":
+                raise
+        else:
+            return uvloop.run
+    return asyncio.run
+
+
+async def _serve_edge(settings: Any) -> None:
+    from broker_edge.node import EdgeNode
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with EdgeNode(settings) as node:
+        print(
+            f"edgebus edge {settings.node_id} listening on {settings.host}:{node.port}", flush=True
+        )
+        await stop.wait()
+        log.info("signal received: stopping")
+    log.info("edge stopped cleanly")
+
+
+def _pipeline_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    return {"data_dir": args.data_dir, "lake": args.lake, "master": args.master}
+
+
+def _pipeline(args: argparse.Namespace) -> int:
+    settings = load_pipeline(args.config, _pipeline_overrides(args))
+    from streaming import pipeline
+
+    stop = threading.Event()
+
+    def _on_signal(signum: int, frame: object) -> None:
+        log.info("signal %d received: stopping the pipeline", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    pipeline.run(settings, once=args.once, stop=stop)
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Supervise an edge and the pipeline as child processes; stop both on a signal."""
+    pipeline_settings = load_pipeline(args.config, _pipeline_overrides(args))
+    host, port = args.listen
+    exe = [sys.executable, "-m", "edgebus.cli", "--log-level", args.log_level]
+    edge_cmd = [
+        *exe,
+        "edge",
+        "--listen",
+        f"{host}:{port}",
+        "--data-dir",
+        str(pipeline_settings.data_dir),
+    ]
+    if args.node_id:
+        edge_cmd += ["--node-id", args.node_id]
+    pipe_cmd = [*exe, "pipeline", "--data-dir", str(pipeline_settings.data_dir)]
+    pipe_cmd += ["--lake", str(pipeline_settings.lake)]
+    if args.config:
+        pipe_cmd += ["--config", str(args.config)]
+    if args.master:
+        pipe_cmd += ["--master", args.master]
+    children = [subprocess.Popen(edge_cmd), subprocess.Popen(pipe_cmd)]
+    stopping = threading.Event()
+
+    def _forward(signum: int, frame: object) -> None:
+        stopping.set()
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, _forward)
+    signal.signal(signal.SIGINT, _forward)
+    print(
+        f"edgebus: edge on {host}:{port}, pipeline writing Delta tables to "
+        f"{pipeline_settings.lake} (Ctrl-C stops both)",
+        flush=True,
+    )
+    rc = 0
+    while any(child.poll() is None for child in children):
+        for child in children:
+            if child.poll() is not None and not stopping.is_set():
+                log.error("child %s exited with %s: stopping", child.args[4], child.returncode)
+                _forward(signal.SIGTERM, None)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            children[0].wait(timeout=0.5)
+    for child in children:
+        rc = rc or child.returncode
+    return 0 if stopping.is_set() and all(c.returncode == 0 for c in children) else rc or 1
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    sys.exit(main())

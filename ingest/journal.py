@@ -1,0 +1,692 @@
+"""The per-node durable journal: every publish an edge accepts, in seq order, on local disk.
+
+Theory of operation
+-------------------
+Each broker node owns one directory, ``{journal_root}/{node}/``. Records get a per-node ``seq``
+that starts at 1 and grows by one with no gaps; ``(node, seq)`` is a record's identity all the
+way into Delta.
+
+The directory holds *segment* files named by the seq of their first record (``%020d.seg``), so
+segment ``i`` covers ``[first_i, first_{i+1} - 1]`` and finding the segment for a seq is a
+search over names. A segment is a 5-byte file header (``b"EBJ1"`` + format version) followed by
+*frames*. A frame is one group commit::
+
+    header (24 bytes, little-endian): b"EBFR" | u32 body length | u32 crc32(body)
+                                      | u64 first_seq | u32 record count
+    body: one Arrow IPC RecordBatch in JOURNAL_SCHEMA, serialized without its schema
+
+Writing is split in three so the asyncio broker never blocks on the disk:
+
+* ``append()`` (event-loop thread) assigns the next seq and appends the fields to per-column
+  Python lists. Nothing is durable yet.
+* ``drain()`` (event-loop thread) swaps the lists out as a :class:`PendingFrame`.
+* ``commit(frame)`` (one worker thread, frames in drain order) encodes the batch, writes the
+  whole frame with one ``os.write``, fsyncs, and only then advances ``durable_seq``. The broker
+  acknowledges a QoS 1/2 publish once ``durable_seq`` reaches its seq.
+
+``append``/``drain`` touch only the in-memory buffer and ``commit`` touches only the file, so the
+two sides need no lock.
+
+A crash can leave the newest segment with a *torn tail*: a partial frame, a complete last frame
+whose CRC fails, or a zero-filled block the filesystem extended but never wrote. None of those
+was ever durable (the writer had not returned from fsync), so :meth:`JournalWriter.open`
+truncates them with a warning and the next record reuses the first lost seq. Anything bad that
+is *followed* by more bytes cannot be a torn write; it is corruption and raises
+:class:`JournalCorruptError` with the file and byte offset. Nothing is ever skipped silently.
+
+Readers (the Spark source) open segments read-only. A frame still being written at the tail is
+not visible yet; everything else is CRC-checked before it is returned.
+
+Known limit: a reader may see a frame after ``os.write`` and before its fsync returns. If the
+*machine* (not just the process) dies in that window, or at any time with ``fsync=False``, the
+recovered journal can reuse seqs a reader has already consumed.
+"""
+
+from __future__ import annotations
+
+import bisect
+import errno
+import fcntl
+import logging
+import os
+import re
+import struct
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+import pyarrow as pa
+
+from schemas.journal import JOURNAL_SCHEMA
+
+logger = logging.getLogger(__name__)
+
+FILE_MAGIC = b"EBJ1"
+FORMAT_VERSION = 1
+FILE_HEADER = FILE_MAGIC + bytes([FORMAT_VERSION])
+FRAME_MAGIC = b"EBFR"
+# magic, body length, crc32(body), first_seq, record count
+FRAME_HEADER = struct.Struct("<4sIIQI")
+SEGMENT_SUFFIX = ".seg"
+LOCK_FILE = "LOCK"
+
+_SEGMENT_NAME = re.compile(r"^(\d{20})\.seg$")
+_NODE_NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$")
+_TS_TYPE = JOURNAL_SCHEMA.field("ts").type
+_USER_PROPERTY_TYPE = JOURNAL_SCHEMA.field("user_properties").type.value_type
+
+
+class JournalError(Exception):
+    """Root of the journal's errors."""
+
+
+class JournalCorruptError(JournalError):
+    """Bytes on disk that no crash of the writer can explain."""
+
+    def __init__(self, path: Path, offset: int, reason: str) -> None:
+        super().__init__(f"journal corrupt: {path} at byte offset {offset}: {reason}")
+        self.path = path
+        self.offset = offset
+        self.reason = reason
+
+
+def segment_name(first_seq: int) -> str:
+    return f"{first_seq:020d}{SEGMENT_SUFFIX}"
+
+
+def list_segments(node_dir: Path) -> list[tuple[int, Path]]:
+    """(first_seq, path) of every segment in ``node_dir``, oldest first."""
+    try:
+        names = os.listdir(node_dir)
+    except FileNotFoundError:
+        return []
+    found = [
+        (int(m.group(1)), node_dir / name) for name in names if (m := _SEGMENT_NAME.match(name))
+    ]
+    return sorted(found)
+
+
+def list_nodes(journal_root: Path) -> list[str]:
+    """Names of the node directories under ``journal_root``, sorted."""
+    try:
+        entries = list(os.scandir(journal_root))
+    except FileNotFoundError:
+        return []
+    return sorted(e.name for e in entries if e.is_dir() and _NODE_NAME.match(e.name))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# --- frame scanning, shared by writer recovery and the reader -----------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Frame:
+    offset: int
+    body_len: int
+    crc: int
+    first_seq: int
+    count: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + FRAME_HEADER.size + self.body_len
+
+    @property
+    def last_seq(self) -> int:
+        return self.first_seq + self.count - 1
+
+
+@dataclass(frozen=True, slots=True)
+class _Tail:
+    """Where a segment's readable frames stop and why (``torn`` is empty for a clean end)."""
+
+    offset: int
+    torn: str
+
+
+def _read_file_header(f: BinaryIO, path: Path) -> bool:
+    """True when the file header is complete and valid; False when it is torn (short file)."""
+    f.seek(0)
+    head = f.read(len(FILE_HEADER))
+    if len(head) < len(FILE_HEADER):
+        if FILE_HEADER.startswith(head):
+            return False
+        raise JournalCorruptError(path, 0, "bad segment file header")
+    if head[:4] != FILE_MAGIC:
+        raise JournalCorruptError(path, 0, f"bad segment magic {head[:4]!r}")
+    if head[4] != FORMAT_VERSION:
+        raise JournalCorruptError(path, 4, f"unsupported journal format version {head[4]}")
+    return True
+
+
+def _is_zero_tail(f: BinaryIO, offset: int, size: int) -> bool:
+    f.seek(offset)
+    while offset < size:
+        chunk = f.read(min(1 << 20, size - offset))
+        if not chunk or chunk.count(0) != len(chunk):
+            return False
+        offset += len(chunk)
+    return True
+
+
+def _scan_frames(
+    f: BinaryIO,
+    path: Path,
+    first_seq: int,
+    size: int,
+    *,
+    start: int = len(FILE_HEADER),
+    stop_after: int | None = None,
+) -> tuple[list[_Frame], _Tail]:
+    """Walk frame headers by seeking (bodies are not read).
+
+    Frames must continue the seq run from ``first_seq`` (the seq the frame at ``start`` must
+    begin with). Returns the complete frames and where they stop: at the end of the file, at
+    the first frame holding ``stop_after``, or at a torn tail (a stop that can only be a crash
+    artifact). Anything else raises :class:`JournalCorruptError`.
+    """
+    frames: list[_Frame] = []
+    offset, expected = start, first_seq
+    while offset < size and (stop_after is None or expected <= stop_after):
+        remaining = size - offset
+        f.seek(offset)
+        raw = f.read(min(remaining, FRAME_HEADER.size))
+        if len(raw) < FRAME_HEADER.size:
+            if FRAME_MAGIC.startswith(raw[:4]) or _is_zero_tail(f, offset, size):
+                return frames, _Tail(offset, "incomplete frame header")
+            raise JournalCorruptError(path, offset, "bad frame magic")
+        magic, body_len, crc, frame_first, count = FRAME_HEADER.unpack(raw)
+        if magic != FRAME_MAGIC:
+            if _is_zero_tail(f, offset, size):
+                return frames, _Tail(offset, "zero-filled tail")
+            raise JournalCorruptError(path, offset, f"bad frame magic {magic!r}")
+        if frame_first != expected or count == 0:
+            raise JournalCorruptError(
+                path, offset, f"frame says seqs {frame_first}+{count}, expected seq {expected}"
+            )
+        frame = _Frame(offset, body_len, crc, frame_first, count)
+        if frame.end > size:
+            return frames, _Tail(offset, "incomplete frame body")
+        frames.append(frame)
+        offset, expected = frame.end, frame.last_seq + 1
+    return frames, _Tail(offset, "")
+
+
+def _decode_body(path: Path, frame: _Frame, body: bytes) -> pa.RecordBatch:
+    if zlib.crc32(body) != frame.crc:
+        raise JournalCorruptError(path, frame.offset, "frame body CRC mismatch")
+    try:
+        batch = pa.ipc.read_record_batch(pa.py_buffer(body), JOURNAL_SCHEMA)
+    except (pa.ArrowException, ValueError) as exc:
+        raise JournalCorruptError(path, frame.offset, f"undecodable frame body: {exc}") from exc
+    seqs = batch.column(1)
+    if (
+        batch.num_rows != frame.count
+        or seqs[0].as_py() != frame.first_seq
+        or seqs[-1].as_py() != frame.last_seq
+    ):
+        raise JournalCorruptError(path, frame.offset, "frame body disagrees with its header")
+    return batch
+
+
+# --- writer --------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Buffer:
+    """Records appended since the last drain, one Python list per column."""
+
+    ts: list[int] = field(default_factory=list)
+    tenant: list[str] = field(default_factory=list)
+    client_id: list[str] = field(default_factory=list)
+    topic: list[str] = field(default_factory=list)
+    qos: list[int] = field(default_factory=list)
+    retain: list[bool] = field(default_factory=list)
+    payload: list[bytes] = field(default_factory=list)
+    content_type: list[str | None] = field(default_factory=list)
+    prop_offsets: list[int] = field(default_factory=lambda: [0])
+    prop_keys: list[str] = field(default_factory=list)
+    prop_values: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingFrame:
+    """Drained, not yet durable records: seqs ``first_seq .. first_seq + count - 1``."""
+
+    node: str
+    first_seq: int
+    count: int
+    _buffer: _Buffer = field(repr=False)
+
+    @property
+    def last_seq(self) -> int:
+        return self.first_seq + self.count - 1
+
+    def to_batch(self) -> pa.RecordBatch:
+        b, n = self._buffer, self.count
+        props = pa.ListArray.from_arrays(
+            pa.array(b.prop_offsets, pa.int32()),
+            pa.StructArray.from_arrays(
+                [pa.array(b.prop_keys, pa.string()), pa.array(b.prop_values, pa.string())],
+                fields=list(_USER_PROPERTY_TYPE),
+            ),
+            type=JOURNAL_SCHEMA.field("user_properties").type,
+        )
+        arrays = [
+            pa.array([self.node] * n, pa.string()),
+            pa.array(range(self.first_seq, self.first_seq + n), pa.int64()),
+            pa.array(b.ts, _TS_TYPE),
+            pa.array(b.tenant, pa.string()),
+            pa.array(b.client_id, pa.string()),
+            pa.array(b.topic, pa.string()),
+            pa.array(b.qos, pa.int8()),
+            pa.array(b.retain, pa.bool_()),
+            pa.array(b.payload, pa.binary()),
+            pa.array(b.content_type, pa.string()),
+            props,
+        ]
+        return pa.RecordBatch.from_arrays(arrays, schema=JOURNAL_SCHEMA)
+
+
+class JournalWriter:
+    """Appends records for one node. See the module docstring for the threading contract."""
+
+    def __init__(
+        self,
+        node_dir: Path,
+        node: str,
+        *,
+        lock_fd: int,
+        next_seq: int,
+        segment: tuple[int, Path] | None,
+        segment_bytes: int,
+        fsync: bool,
+    ) -> None:
+        # Use JournalWriter.open(); this only wires up already-recovered state.
+        self._dir = node_dir
+        self._node = node
+        self._lock_fd = lock_fd
+        self._segment_bytes = segment_bytes
+        self._fsync = fsync
+        self._next_seq = next_seq
+        self._durable_seq = next_seq - 1
+        self._buffer = _Buffer()
+        self._fd: int | None = None
+        self._size = 0
+        self._failed: BaseException | None = None
+        if segment is not None:
+            _, path = segment
+            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+            self._size = os.fstat(self._fd).st_size
+
+    @classmethod
+    def open(
+        cls,
+        journal_root: Path,
+        node: str,
+        *,
+        segment_bytes: int = 64 * 2**20,
+        fsync: bool = True,
+    ) -> JournalWriter:
+        if not _NODE_NAME.match(node):
+            raise ValueError(f"invalid node name {node!r}: use letters, digits, '_', '-', '.'")
+        if segment_bytes <= 0:
+            raise ValueError(f"segment_bytes must be positive, got {segment_bytes}")
+        node_dir = Path(journal_root) / node
+        created = not node_dir.exists()
+        node_dir.mkdir(parents=True, exist_ok=True)
+        if created:
+            _fsync_dir(node_dir.parent)
+        lock_fd = os.open(node_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(lock_fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise JournalError(f"journal {node_dir} is already open for writing") from exc
+            raise
+        try:
+            next_seq, segment = _recover(node_dir, fsync=fsync)
+            return cls(
+                node_dir,
+                node,
+                lock_fd=lock_fd,
+                next_seq=next_seq,
+                segment=segment,
+                segment_bytes=segment_bytes,
+                fsync=fsync,
+            )
+        except BaseException:
+            os.close(lock_fd)
+            raise
+
+    @property
+    def node(self) -> str:
+        return self._node
+
+    @property
+    def next_seq(self) -> int:
+        """The seq the next append() will get."""
+        return self._next_seq
+
+    @property
+    def durable_seq(self) -> int:
+        """Every seq up to and including this one is durable (0: none)."""
+        return self._durable_seq
+
+    def append(
+        self,
+        *,
+        ts_us: int,
+        tenant: str,
+        client_id: str,
+        topic: str,
+        qos: int,
+        retain: bool,
+        payload: bytes,
+        content_type: str | None = None,
+        user_properties: tuple[tuple[str, str], ...] = (),
+    ) -> int:
+        """Buffer one record in memory and return its seq. Not durable until committed."""
+        # Reject here what would fail encoding later: one bad record must not sink a whole frame.
+        if qos not in (0, 1, 2):
+            raise ValueError(f"qos must be 0, 1 or 2, got {qos!r}")
+        b = self._buffer
+        b.ts.append(ts_us)
+        b.tenant.append(tenant)
+        b.client_id.append(client_id)
+        b.topic.append(topic)
+        b.qos.append(qos)
+        b.retain.append(retain)
+        b.payload.append(payload)
+        b.content_type.append(content_type)
+        for key, value in user_properties:
+            b.prop_keys.append(key)
+            b.prop_values.append(value)
+        b.prop_offsets.append(len(b.prop_keys))
+        seq = self._next_seq
+        self._next_seq = seq + 1
+        return seq
+
+    def drain(self) -> PendingFrame | None:
+        """Take the buffered records out as one frame to commit (None when there are none)."""
+        buffer = self._buffer
+        count = len(buffer.ts)
+        if count == 0:
+            return None
+        self._buffer = _Buffer()
+        return PendingFrame(self._node, self._next_seq - count, count, buffer)
+
+    def commit(self, frame: PendingFrame) -> int:
+        """Write ``frame`` durably; return the last seq now durable. Safe in a worker thread."""
+        if self._failed is not None:
+            raise JournalError("journal writer failed earlier; reopen it") from self._failed
+        if frame.first_seq != self._durable_seq + 1:
+            raise JournalError(
+                f"commit out of order: frame starts at seq {frame.first_seq}, "
+                f"durable seq is {self._durable_seq}"
+            )
+        data = encode_frame(frame.to_batch(), frame.first_seq)
+        try:
+            if self._fd is None or self._size >= self._segment_bytes:
+                self._roll(frame.first_seq)
+            assert self._fd is not None
+            self._write_all(data)
+            if self._fsync:
+                os.fsync(self._fd)
+        except OSError as exc:
+            # After a failed write or fsync the file state is unknown (and a failed fsync may
+            # have dropped dirty pages): stop, let open() recover.
+            self._failed = exc
+            raise JournalError(f"journal write failed in {self._dir}: {exc}") from exc
+        self._size += len(data)
+        self._durable_seq = frame.last_seq
+        return self._durable_seq
+
+    def flush(self) -> int:
+        """drain() + commit() in the calling thread; returns the durable seq."""
+        frame = self.drain()
+        if frame is not None:
+            self.commit(frame)
+        return self._durable_seq
+
+    def close(self) -> None:
+        """Close the files. Records appended but not committed are dropped."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def __enter__(self) -> JournalWriter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _write_all(self, data: bytearray) -> None:
+        assert self._fd is not None
+        view = memoryview(data)
+        # One os.write per frame; the loop only runs again on a short write (e.g. disk full).
+        while view:
+            written = os.write(self._fd, view)
+            view = view[written:]
+
+    def _roll(self, first_seq: int) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        path = self._dir / segment_name(first_seq)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        self._fd = fd
+        os.write(fd, FILE_HEADER)
+        if self._fsync:
+            os.fsync(fd)
+            _fsync_dir(self._dir)
+        self._size = len(FILE_HEADER)
+
+
+def encode_frame(batch: pa.RecordBatch, first_seq: int) -> bytearray:
+    """Header + body of one frame, in one buffer so it goes out in one write."""
+    body = batch.serialize()
+    data = bytearray(FRAME_HEADER.size + body.size)
+    FRAME_HEADER.pack_into(data, 0, FRAME_MAGIC, body.size, zlib.crc32(body), first_seq, len(batch))
+    data[FRAME_HEADER.size :] = memoryview(body)
+    return data
+
+
+def _recover(node_dir: Path, *, fsync: bool) -> tuple[int, tuple[int, Path] | None]:
+    """Check the newest segment, cut a torn tail; return (next_seq, newest segment or None)."""
+    segments = list_segments(node_dir)
+    if not segments:
+        return 1, None
+    first_seq, path = segments[-1]
+    with open(path, "r+b") as f:
+        size = os.fstat(f.fileno()).st_size
+        if not _read_file_header(f, path):
+            logger.warning("journal %s: torn segment header, rewriting it", path)
+            _truncate(f, 0, fsync=fsync)
+            f.write(FILE_HEADER)
+            f.flush()
+            if fsync:
+                os.fsync(f.fileno())
+            return first_seq, segments[-1]
+        frames, tail = _scan_frames(f, path, first_seq, size)
+        next_seq = first_seq
+        for i, frame in enumerate(frames):
+            f.seek(frame.offset + FRAME_HEADER.size)
+            body = f.read(frame.body_len)
+            try:
+                _decode_body(path, frame, body)
+            except JournalCorruptError:
+                if i != len(frames) - 1 or tail.torn:
+                    raise  # more bytes follow the bad frame: not a torn write
+                tail = _Tail(frame.offset, "last frame fails its CRC")
+                break
+            next_seq = frame.last_seq + 1
+        if tail.torn:
+            _check_no_later_frame(f, path, tail, size)
+            logger.warning(
+                "journal %s: %s at byte offset %d, truncating %d bytes (never durable)",
+                path,
+                tail.torn,
+                tail.offset,
+                size - tail.offset,
+            )
+            _truncate(f, tail.offset, fsync=fsync)
+    return next_seq, segments[-1]
+
+
+def _check_no_later_frame(f: BinaryIO, path: Path, tail: _Tail, size: int) -> None:
+    """A torn write is the end of the file. If a later frame header shows up past the cut
+    (the header of the "torn" frame had a corrupt length), truncating would lose durable data.
+    """
+    f.seek(tail.offset)
+    raw = f.read(FRAME_HEADER.size)
+    if len(raw) < FRAME_HEADER.size or raw[:4] != FRAME_MAGIC:
+        return
+    _, _, _, first, count = FRAME_HEADER.unpack(raw)
+    rest = f.read(size - tail.offset - FRAME_HEADER.size)
+    later = struct.pack("<Q", first + count)
+    pos = rest.find(FRAME_MAGIC)
+    while pos >= 0:
+        if rest[pos + 12 : pos + 20] == later:
+            raise JournalCorruptError(
+                path, tail.offset, "frame length runs past a later frame (corrupt header)"
+            )
+        pos = rest.find(FRAME_MAGIC, pos + 1)
+
+
+def _truncate(f: BinaryIO, offset: int, *, fsync: bool) -> None:
+    f.truncate(offset)
+    f.seek(offset)
+    if fsync:
+        os.fsync(f.fileno())
+
+
+# --- reader --------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _SegmentIndex:
+    frames: list[_Frame]
+    complete: bool  # a closed segment scanned to its end: never changes again
+
+
+class JournalReader:
+    """Reads one node's journal by seq range. Safe to use while a writer appends."""
+
+    def __init__(self, node_dir: Path) -> None:
+        self._dir = Path(node_dir)
+        self._index: dict[Path, _SegmentIndex] = {}
+
+    @property
+    def node_dir(self) -> Path:
+        return self._dir
+
+    def last_seq(self) -> int:
+        """The newest visible seq (0 when the journal is empty). Reads frame headers only."""
+        segments = list_segments(self._dir)
+        if not segments:
+            return 0
+        # Every older segment ends right before the next one starts (seqs have no gaps), so
+        # only the newest one is scanned, incrementally from where the last call stopped.
+        first_seq, path = segments[-1]
+        frames = self._frames(first_seq, path, closed=False, upto=None)
+        return frames[-1].last_seq if frames else first_seq - 1
+
+    def read(self, after_seq: int, upto_seq: int) -> Iterator[pa.RecordBatch]:
+        """Yield exactly the records with ``after_seq < seq <= upto_seq``, CRC-checked.
+
+        Raises :class:`JournalError` when part of the range is not in the journal (not written
+        yet, or removed) and :class:`JournalCorruptError` on a bad frame inside the range.
+        """
+        if upto_seq <= after_seq:
+            return
+        wanted = after_seq + 1
+        segments = list_segments(self._dir)
+        firsts = [first for first, _ in segments]
+        # The segment holding `wanted` is the last one starting at or before it.
+        index = bisect.bisect_right(firsts, wanted) - 1
+        if index < 0:
+            raise JournalError(f"{self._dir}: seqs {wanted}..{upto_seq} are not in the journal")
+        for i in range(index, len(segments)):
+            first_seq, path = segments[i]
+            frames = self._frames(first_seq, path, closed=i < len(segments) - 1, upto=upto_seq)
+            for batch in _read_frames(path, frames, wanted, upto_seq):
+                wanted += batch.num_rows
+                yield batch
+            if wanted > upto_seq:
+                return
+        raise JournalError(f"{self._dir}: seqs {wanted}..{upto_seq} are not in the journal (yet)")
+
+    def _frames(
+        self, first_seq: int, path: Path, *, closed: bool, upto: int | None
+    ) -> list[_Frame]:
+        """Frame headers of one segment, at least up to the frame holding ``upto``."""
+        cached = self._index.get(path)
+        if cached is not None and cached.complete:
+            return cached.frames
+        frames = cached.frames if cached is not None else []
+        if frames and upto is not None and frames[-1].last_seq >= upto:
+            return frames
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if frames and not _still_there(f, frames[-1], size):
+                frames = []  # the writer recovered and cut this tail since we looked: rescan
+            if not frames and not _read_file_header(f, path):
+                return []
+            new, tail = _scan_frames(
+                f,
+                path,
+                frames[-1].last_seq + 1 if frames else first_seq,
+                size,
+                start=frames[-1].end if frames else len(FILE_HEADER),
+                stop_after=upto,
+            )
+        if closed and tail.torn:
+            raise JournalCorruptError(path, tail.offset, f"{tail.torn} in a closed segment")
+        frames = frames + new
+        complete = closed and tail.offset == size
+        self._index[path] = _SegmentIndex(frames, complete)
+        return frames
+
+
+def _still_there(f: BinaryIO, frame: _Frame, size: int) -> bool:
+    if frame.end > size:
+        return False
+    f.seek(frame.offset)
+    raw = f.read(FRAME_HEADER.size)
+    return raw == FRAME_HEADER.pack(
+        FRAME_MAGIC, frame.body_len, frame.crc, frame.first_seq, frame.count
+    )
+
+
+def _read_frames(
+    path: Path, frames: list[_Frame], wanted: int, upto_seq: int
+) -> Iterator[pa.RecordBatch]:
+    """Decode the frames overlapping ``[wanted, upto_seq]`` and slice them to the range."""
+    starts = [frame.first_seq for frame in frames]
+    i = max(bisect.bisect_right(starts, wanted) - 1, 0)
+    with open(path, "rb") as f:
+        for frame in frames[i:]:
+            if frame.first_seq > upto_seq:
+                return
+            if frame.last_seq < wanted:
+                continue
+            f.seek(frame.offset + FRAME_HEADER.size)
+            batch = _decode_body(path, frame, f.read(frame.body_len))
+            lo = wanted - frame.first_seq
+            hi = min(upto_seq, frame.last_seq) - frame.first_seq + 1
+            yield batch if (lo, hi) == (0, frame.count) else batch.slice(lo, hi - lo)
+            wanted = frame.first_seq + hi

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Create or update ./.venv from the project's own files. Sourced by scripts/run.sh and scripts/test.sh.
+# Fails with a clear message when a system part is missing.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+die() { echo "edgebus setup: $*" >&2; exit 1; }
+
+PY="${PYTHON:-}"
+if [[ -z "$PY" ]]; then
+  for cand in python3.11 python3; do
+    if command -v "$cand" >/dev/null 2>&1; then PY="$cand"; break; fi
+  done
+fi
+[[ -n "$PY" ]] || die "Python 3.11 is required (no python3.11 or python3 on PATH)."
+"$PY" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)' \
+  || die "Python 3.11 is required; $PY is $("$PY" -c 'import sys; print(sys.version.split()[0])')."
+
+command -v java >/dev/null 2>&1 \
+  || die "Java 17+ is required for Spark: no 'java' on PATH (Debian: apt-get install openjdk-17-jre-headless)."
+JAVA_MAJOR="$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n1)"
+[[ -n "$JAVA_MAJOR" && "$JAVA_MAJOR" -ge 17 ]] \
+  || die "Java 17+ is required for Spark; found: $(java -version 2>&1 | head -n1)."
+
+if [[ ! -x .venv/bin/python ]]; then
+  echo "edgebus setup: creating .venv with $PY" >&2
+  "$PY" -m venv .venv || die "could not create .venv (Debian: apt-get install python3-venv)."
+fi
+
+# Reinstall only when the project's dependency files changed.
+STAMP=".venv/.edgebus-install-stamp"
+WANT="$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -d' ' -f1)"
+if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$WANT" ]]; then
+  echo "edgebus setup: installing edgebus and its dependencies into .venv" >&2
+  .venv/bin/python -m pip install --quiet --upgrade pip >/dev/null
+  .venv/bin/python -m pip install --quiet -e ".[dev]" || die "pip install failed (see above)."
+  echo "$WANT" > "$STAMP"
+fi
+export PATH="$ROOT/.venv/bin:$PATH"
+export PYSPARK_PYTHON="$ROOT/.venv/bin/python"
+export PYSPARK_DRIVER_PYTHON="$ROOT/.venv/bin/python"

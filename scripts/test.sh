@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Set up .venv and run every check: ruff (lint + format), mypy strict, the whole pytest suite.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/bootstrap.sh"
+echo "== ruff" && ruff check . && ruff format --check .
+echo "== mypy" && mypy
+echo "== pytest"
+set +e
+pytest "$@"
+rc=$?
+set -e
+if [[ $rc -eq 5 ]]; then echo "pytest collected no tests: failing" >&2; exit 1; fi
+exit $rc

@@ -1,0 +1,1 @@
+"""Where batches go: the idempotent Delta writer, the quarantine writer, the MQTT publisher."""

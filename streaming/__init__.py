@@ -1,0 +1,1 @@
+"""Spark Structured Streaming jobs, one per Delta table: pure ``transform`` plus ``start``."""

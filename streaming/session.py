@@ -1,0 +1,37 @@
+"""The one SparkSession of the pipeline, configured from :class:`PipelineSettings`."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from pyspark.sql import SparkSession
+
+from ingest import source
+from streaming.settings import PipelineSettings
+
+APP_NAME = "edgebus-pipeline"
+
+
+def build_spark(settings: PipelineSettings) -> SparkSession:
+    """Start (or join) the SparkSession and register the ``edgebus`` streaming source.
+
+    Python workers run in this interpreter unless the environment says otherwise, so the
+    executors see the same packages as the driver. Time is UTC everywhere: ``date``
+    partitions and timestamps must not depend on the machine's zone.
+    """
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    spark = (
+        SparkSession.builder.master(settings.master)
+        .appName(APP_NAME)
+        .config("spark.driver.memory", settings.driver_memory)
+        .config("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("WARN")
+    source.register(spark)
+    return spark

@@ -1,0 +1,56 @@
+"""Typed settings of the Spark pipeline. Loaded from TOML by ``edgebus.settings``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from streaming.errors import PipelineConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineSettings:
+    """Where the journals are, where the lake is, and how the streaming jobs run.
+
+    ``data_dir/journal/{node}/`` holds each edge node's journal; tables live under ``lake``
+    and query checkpoints under ``lake/_checkpoints/{job}``.
+    """
+
+    data_dir: Path = Path("data")
+    lake: Path = Path("lake")
+    master: str = "local[*]"
+    max_records_per_batch: int = 200_000
+    trigger_interval_seconds: float = 1.0
+    shuffle_partitions: int = 4
+    driver_memory: str = "2g"
+
+    def __post_init__(self) -> None:
+        if self.max_records_per_batch < 1:
+            raise PipelineConfigError(
+                f"pipeline.max_records_per_batch: must be >= 1, got {self.max_records_per_batch}"
+            )
+        if self.trigger_interval_seconds <= 0:
+            raise PipelineConfigError(
+                "pipeline.trigger_interval_seconds: must be > 0, "
+                f"got {self.trigger_interval_seconds}"
+            )
+        if self.shuffle_partitions < 1:
+            raise PipelineConfigError(
+                f"pipeline.shuffle_partitions: must be >= 1, got {self.shuffle_partitions}"
+            )
+        if not self.master:
+            raise PipelineConfigError("pipeline.master: must not be empty")
+
+    @property
+    def journal_root(self) -> Path:
+        return self.data_dir / "journal"
+
+    @property
+    def checkpoint_root(self) -> Path:
+        return self.lake / "_checkpoints"
+
+    def table_path(self, table: str) -> Path:
+        return self.lake / table
+
+    def checkpoint_path(self, job: str) -> Path:
+        return self.checkpoint_root / job

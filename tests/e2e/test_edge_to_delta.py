@@ -1,0 +1,117 @@
+"""End to end with real processes: edge → journal → pipeline → Delta `messages`.
+
+Publish N QoS 1 messages with paho to an `edgebus edge` process, SIGKILL the edge, restart it on
+the same journal, run `edgebus pipeline --once` and find every acknowledged message exactly once;
+then SIGKILL a pipeline mid-run, rerun it, and still find each exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+import pytest
+
+from sinks.delta import read_table
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+EDGEBUS = [sys.executable, "-m", "edgebus.cli"]
+ENV = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+
+
+def _start_edge(data_dir: Path, log: Path) -> tuple[subprocess.Popen[bytes], int]:
+    proc = subprocess.Popen(
+        [*EDGEBUS, "edge", "--listen", "127.0.0.1:0", "--data-dir", str(data_dir)]
+        + ["--node-id", "e2e"],
+        stdout=subprocess.PIPE,
+        stderr=log.open("ab"),
+        env=ENV,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline().decode()  # "edgebus edge e2e on 127.0.0.1:PORT"
+    assert " on 127.0.0.1:" in line, line
+    return proc, int(line.rsplit(":", 1)[1])
+
+
+def _publish_acked(port: int, count: int, prefix: str) -> list[bytes]:
+    """Publish QoS 1 messages; return the payloads the edge acknowledged."""
+    acked: list[bytes] = []
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"pub-{prefix}")
+    client.connect("127.0.0.1", port)
+    client.loop_start()
+    try:
+        infos = []
+        for i in range(count):
+            payload = f'{{"vehicle":"{prefix}","i":{i}}}'.encode()
+            infos.append((payload, client.publish(f"fleet/{prefix}/telemetry", payload, qos=1)))
+        for payload, info in infos:
+            info.wait_for_publish(30)
+            if info.is_published():
+                acked.append(payload)
+    finally:
+        client.disconnect()
+        client.loop_stop()
+    return acked
+
+
+def _pipeline(data_dir: Path, lake: Path, config: Path, log: Path) -> list[str]:
+    return [*EDGEBUS, "pipeline", "--data-dir", str(data_dir), "--lake", str(lake)] + [
+        "--config",
+        str(config),
+        "--once",
+    ]
+
+
+def _payload_counts(lake: Path) -> Counter[bytes]:
+    table = read_table(lake / "messages")
+    keys = list(zip(table.column("node").to_pylist(), table.column("seq").to_pylist(), strict=True))
+    assert len(keys) == len(set(keys)), "a (node, seq) appears twice"
+    return Counter(table.column("payload").to_pylist())
+
+
+def test_acknowledged_messages_land_exactly_once(tmp_path: Path) -> None:
+    data_dir, lake, log = tmp_path / "data", tmp_path / "lake", tmp_path / "procs.log"
+    config = tmp_path / "pipeline.toml"
+    config.write_text("[pipeline]\nmax_records_per_batch = 300\ntrigger_interval_seconds = 0.2\n")
+
+    edge, port = _start_edge(data_dir, log)
+    acked = _publish_acked(port, 1000, "a")
+    edge.send_signal(signal.SIGKILL)
+    edge.wait(30)
+    assert len(acked) == 1000
+
+    edge, port = _start_edge(data_dir, log)  # recovers the journal, seq continues
+    acked += _publish_acked(port, 500, "b")
+    edge.send_signal(signal.SIGTERM)
+    assert edge.wait(30) == 0
+
+    # A pipeline killed mid-run: wait for its first Delta commit, then SIGKILL it.
+    cmd = _pipeline(data_dir, lake, config, log)
+    killed = subprocess.Popen(cmd, stderr=log.open("ab"), env=ENV)
+    first_commit = lake / "messages" / "_delta_log" / f"{1:020d}.json"
+    deadline = time.monotonic() + 240
+    while not first_commit.exists() and killed.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert killed.poll() is None, "pipeline finished before it could be killed mid-run"
+    killed.send_signal(signal.SIGKILL)
+    killed.wait(30)
+    partial = _payload_counts(lake)
+    assert 0 < sum(partial.values()) < len(acked)
+
+    done = subprocess.run(cmd, stderr=log.open("ab"), env=ENV, timeout=400, check=False)
+    assert done.returncode == 0, log.read_text()[-4000:]
+    counts = _payload_counts(lake)
+    assert all(counts[p] == 1 for p in acked), "an acknowledged message is missing or doubled"
+    assert sum(counts.values()) == len(acked)
+
+    # Running again changes nothing.
+    again = subprocess.run(cmd, stderr=log.open("ab"), env=ENV, timeout=400, check=False)
+    assert again.returncode == 0
+    assert _payload_counts(lake) == counts

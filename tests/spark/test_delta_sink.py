@@ -1,0 +1,153 @@
+"""The idempotent Delta batch writer and the safe reader (delta-rs, no Spark needed)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from schemas.tables import MESSAGES_PARTITION_BY, MESSAGES_SCHEMA
+from sinks.delta import DeltaBatchWriter, read_table
+from sinks.errors import DeltaSinkError, SinkSchemaError
+
+APP = "test.history"
+
+
+def message(seq: int, *, tenant: str = "acme", day: int = 9, **overrides: Any) -> dict[str, Any]:
+    ts = dt.datetime(2024, 3, day, 12, 0, seq % 60, tzinfo=dt.UTC)
+    row: dict[str, Any] = {
+        "node": "edge-1",
+        "seq": seq,
+        "ts": ts,
+        "date": ts.date(),
+        "tenant": tenant,
+        "client_id": "truck-7",
+        "topic": "fleet/truck-7/telemetry",
+        "qos": 1,
+        "retain": False,
+        "payload": b"abc",
+        "content_type": None,
+        "user_properties": [{"key": "k", "value": str(seq)}],
+        "size": 3,
+    }
+    row.update(overrides)
+    return row
+
+
+def batch(*rows: dict[str, Any]) -> pa.Table:
+    return pa.Table.from_pylist(list(rows), schema=MESSAGES_SCHEMA)
+
+
+@pytest.fixture
+def writer(tmp_path: Path) -> DeltaBatchWriter:
+    return DeltaBatchWriter(tmp_path / "messages", APP, MESSAGES_SCHEMA, MESSAGES_PARTITION_BY)
+
+
+def test_replayed_batch_is_skipped(writer: DeltaBatchWriter) -> None:
+    assert writer.last_batch_id() is None
+    assert writer.write(0, batch(message(1), message(2, tenant="other")))
+    assert writer.write(1, batch(message(3, day=10)))
+    version = DeltaTable(writer.path).version()
+
+    assert not writer.write(1, batch(message(3, day=10)))  # the replay after a crash
+    assert not writer.write(0, batch(message(1)))
+
+    assert DeltaTable(writer.path).version() == version
+    assert writer.last_batch_id() == 1
+    seqs = read_table(writer.path, columns=["seq"]).column("seq").to_pylist()
+    assert sorted(seqs) == [1, 2, 3]
+
+
+def test_table_is_partitioned_by_tenant_and_date(writer: DeltaBatchWriter) -> None:
+    writer.write(0, batch(message(1), message(2, tenant="other", day=10)))
+    delta = DeltaTable(writer.path)
+    assert delta.metadata().partition_columns == list(MESSAGES_PARTITION_BY)
+    assert (Path(writer.path) / "tenant=other" / "date=2024-03-10").is_dir()
+
+
+def test_read_table_gives_rows_back_with_the_table_types(writer: DeltaBatchWriter) -> None:
+    rows = [message(1), message(2, tenant="other", content_type="text/plain")]
+    writer.write(0, batch(*rows))
+    back = read_table(writer.path, schema=MESSAGES_SCHEMA).sort_by("seq")
+    assert back.schema == MESSAGES_SCHEMA
+    assert back.to_pylist() == rows
+
+    some = read_table(writer.path, "tenant = 'other' AND seq >= 2", columns=["seq", "tenant"])
+    assert some.to_pylist() == [{"seq": 2, "tenant": "other"}]
+    assert read_table(writer.path, "seq > 100").num_rows == 0
+
+
+def test_empty_batch_commits_nothing(writer: DeltaBatchWriter) -> None:
+    writer.write(0, batch(message(1)))
+    version = DeltaTable(writer.path).version()
+    assert not writer.write(1, batch())
+    assert DeltaTable(writer.path).version() == version
+    assert writer.last_batch_id() == 0
+    # A later batch still lands: the skipped empty batch id leaves no gap that matters.
+    assert writer.write(2, batch(message(2)))
+    assert writer.last_batch_id() == 2
+
+
+def test_batches_from_other_engines_are_cast(writer: DeltaBatchWriter) -> None:
+    loose = batch(message(1)).cast(
+        pa.schema(
+            [
+                field.with_type(pa.large_string()) if field.type == pa.string() else field
+                for field in MESSAGES_SCHEMA
+            ]
+        )
+    )
+    assert writer.write(0, loose)
+    assert read_table(writer.path, schema=MESSAGES_SCHEMA).to_pylist() == [message(1)]
+
+
+def test_batches_that_do_not_fit_are_rejected(writer: DeltaBatchWriter) -> None:
+    with pytest.raises(SinkSchemaError, match="missing \\['size'\\]"):
+        writer.write(0, batch(message(1)).drop_columns(["size"]))
+    nulls = batch(message(1)).set_column(
+        1, pa.field("seq", pa.int64()), pa.array([None], pa.int64())
+    )
+    with pytest.raises(SinkSchemaError, match="'seq'"):
+        writer.write(0, nulls)
+    assert writer.last_batch_id() is None
+
+
+def test_reading_a_missing_table_or_bad_sql_is_a_sink_error(writer: DeltaBatchWriter) -> None:
+    with pytest.raises(DeltaSinkError, match="not a Delta table"):
+        read_table(writer.path)
+    writer.write(0, batch(message(1)))
+    with pytest.raises(DeltaSinkError, match="query failed"):
+        read_table(writer.path, "no_such_column = 1")
+    with pytest.raises(SinkSchemaError):
+        read_table(writer.path, columns=["no_such_column"])
+
+
+READER = textwrap.dedent(
+    """
+    import sys
+    from sinks.delta import read_table
+    table = read_table(sys.argv[1], "seq > 1")
+    assert table.num_rows == 2, table.num_rows
+    """
+)
+
+
+def test_reader_processes_always_exit_cleanly(writer: DeltaBatchWriter) -> None:
+    # delta-rs can abort the interpreter at exit (134) after to_pyarrow_*: read_table must not.
+    writer.write(0, batch(message(1), message(2), message(3, tenant="other")))
+    for attempt in range(10):
+        done = subprocess.run(
+            [sys.executable, "-c", READER, writer.path],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, (attempt, done.returncode, done.stderr)

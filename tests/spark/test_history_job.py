@@ -1,0 +1,196 @@
+"""The history job end to end: journals on disk -> edgebus source -> Delta ``messages``."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming.query import StreamingQuery
+
+from ingest import source
+from ingest.journal import JournalWriter
+from sinks.delta import read_table
+from streaming import history, pipeline
+from streaming.errors import PipelineError
+from streaming.settings import PipelineSettings
+
+pytestmark = pytest.mark.spark
+
+Id = tuple[str, int]
+BASE_TS_US = 1_710_028_800_000_000  # 2024-03-10T00:00:00Z
+
+
+@pytest.fixture
+def edgebus_spark(spark: SparkSession) -> SparkSession:
+    source.register(spark)
+    return spark
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> PipelineSettings:
+    # A small batch cap so a run spans several micro-batches.
+    return PipelineSettings(
+        data_dir=tmp_path / "data",
+        lake=tmp_path / "lake",
+        master="local[2]",
+        max_records_per_batch=7,
+        trigger_interval_seconds=0.1,
+        shuffle_partitions=2,
+    )
+
+
+def journal(settings: PipelineSettings, node: str, topics: Iterable[str]) -> set[Id]:
+    """Append one record per topic to ``node``'s journal; the ids of the non-``$`` ones."""
+    kept: set[Id] = set()
+    with JournalWriter.open(settings.journal_root, node, fsync=False) as writer:
+        for i, topic in enumerate(topics):
+            seq = writer.append(
+                ts_us=BASE_TS_US + i * 3_600_000_000,  # one per hour: spans two UTC days
+                tenant="acme" if i % 3 else "other",
+                client_id=f"truck-{i}",
+                topic=topic,
+                qos=i % 3,
+                retain=False,
+                payload=f"payload {i}".encode(),
+                user_properties=(("i", str(i)),),
+            )
+            if not topic.startswith("$"):
+                kept.add((node, seq))
+        writer.flush()
+    return kept
+
+
+def traffic(n: int) -> list[str]:
+    return ["$log/edge/connect" if i % 5 == 0 else f"fleet/truck-{i}/telemetry" for i in range(n)]
+
+
+def message_ids(settings: PipelineSettings) -> Counter[Id]:
+    table = read_table(settings.table_path("messages"), columns=["node", "seq"])
+    return Counter(
+        zip(table.column("node").to_pylist(), table.column("seq").to_pylist(), strict=True)
+    )
+
+
+def assert_exactly_once(settings: PipelineSettings, expected: set[Id]) -> None:
+    ids = message_ids(settings)
+    assert set(ids) == expected
+    assert max(ids.values()) == 1
+
+
+def delta_version(settings: PipelineSettings) -> int:
+    version: int = DeltaTable(str(settings.table_path("messages"))).version()
+    return version
+
+
+def test_every_record_lands_exactly_once(
+    edgebus_spark: SparkSession, settings: PipelineSettings
+) -> None:
+    expected = journal(settings, "edge-a", traffic(20)) | journal(settings, "edge-b", traffic(13))
+
+    pipeline.run(settings, once=True, spark=edgebus_spark)
+    assert_exactly_once(settings, expected)
+    version = delta_version(settings)
+
+    pipeline.run(settings, once=True, spark=edgebus_spark)  # nothing new: nothing written
+    assert_exactly_once(settings, expected)
+    assert delta_version(settings) == version
+
+    expected |= journal(settings, "edge-a", traffic(9))
+    pipeline.run(settings, once=True, spark=edgebus_spark)
+    assert_exactly_once(settings, expected)
+
+    dollar = read_table(settings.table_path("messages"), "starts_with(topic, '$')")
+    assert dollar.num_rows == 0
+
+
+def test_crash_between_delta_commit_and_spark_commit(
+    edgebus_spark: SparkSession, settings: PipelineSettings
+) -> None:
+    expected = journal(settings, "edge-a", traffic(10))
+    pipeline.run(settings, once=True, spark=edgebus_spark)
+    version = delta_version(settings)
+
+    # What a SIGKILL right after the Delta commit leaves: the batch is in the table, but
+    # Spark never wrote its commit marker, so the restart replays it.
+    commits = settings.checkpoint_path(history.JOB) / "commits"
+    last = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
+    (commits / str(last)).unlink()
+    (commits / f".{last}.crc").unlink(missing_ok=True)
+
+    pipeline.run(settings, once=True, spark=edgebus_spark)
+    assert_exactly_once(settings, expected)
+    assert delta_version(settings) == version  # the replay was recognised, not re-appended
+    assert (commits / str(last)).exists()
+
+    expected |= journal(settings, "edge-a", traffic(4))
+    pipeline.run(settings, once=True, spark=edgebus_spark)
+    assert_exactly_once(settings, expected)
+
+
+def test_a_lost_checkpoint_refuses_to_start(
+    edgebus_spark: SparkSession, settings: PipelineSettings
+) -> None:
+    journal(settings, "edge-a", traffic(10))
+    pipeline.run(settings, once=True, spark=edgebus_spark)
+    for path in sorted(settings.checkpoint_path(history.JOB).rglob("*"), reverse=True):
+        path.rmdir() if path.is_dir() else path.unlink()
+
+    with pytest.raises(PipelineError, match="checkpoint"):
+        pipeline.run(settings, once=True, spark=edgebus_spark)
+    assert not edgebus_spark.streams.active
+
+
+def test_long_run_stops_when_asked(edgebus_spark: SparkSession, settings: PipelineSettings) -> None:
+    expected = journal(settings, "edge-a", traffic(12))
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            pipeline.run(settings, once=False, stop=stop, spark=edgebus_spark)
+        except BaseException as exc:  # handed to the test thread below
+            errors.append(exc)
+
+    runner = threading.Thread(target=target)
+    runner.start()
+    try:
+        query = wait_for_query(edgebus_spark, history.JOB)
+        query.processAllAvailable()
+        assert_exactly_once(settings, expected)
+    finally:
+        stop.set()
+        runner.join(timeout=60)
+    assert not runner.is_alive()
+    assert errors == []
+    assert not edgebus_spark.streams.active
+
+
+@pytest.mark.parametrize("once", [True, False])
+def test_a_failing_query_fails_the_run(
+    edgebus_spark: SparkSession, settings: PipelineSettings, once: bool
+) -> None:
+    journal(settings, "edge-a", traffic(3))
+    settings.lake.mkdir(parents=True)
+    settings.table_path("messages").write_bytes(b"not a table")  # the writer cannot create it
+
+    with pytest.raises(StreamingQueryException):
+        pipeline.run(settings, once=once, spark=edgebus_spark)
+    assert not edgebus_spark.streams.active
+
+
+def wait_for_query(spark: SparkSession, name: str, timeout: float = 60.0) -> StreamingQuery:
+    # Spark offers no "query started" event to Python; poll its registry briefly.
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for query in spark.streams.active:
+            if query.name == name:
+                return query
+        time.sleep(0.05)
+    raise AssertionError(f"query {name!r} did not start within {timeout}s")

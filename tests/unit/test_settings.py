@@ -1,0 +1,64 @@
+"""Settings files: unknown keys and bad values name the key; flags override the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from edgebus.settings import SettingsError, load_edge, load_pipeline
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+
+
+def test_example_files_load() -> None:
+    edge = load_edge(CONF / "edge.toml", {})
+    assert (edge.node_id, edge.port, edge.journal_fsync) == ("edge-1", 1883, True)
+    pipe = load_pipeline(CONF / "pipeline.toml", {})
+    assert pipe.journal_root == Path("data/journal")
+    assert pipe.checkpoint_path("history") == Path("lake/_checkpoints/history")
+
+
+def test_flags_override_file_and_defaults_sit_beneath(tmp_path: Path) -> None:
+    edge = load_edge(CONF / "edge.toml", {"port": 0, "node_id": None}, {"node_id": "host"})
+    assert (edge.port, edge.node_id) == (0, "edge-1")
+    assert load_edge(None, {}, {"node_id": "host"}).node_id == "host"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[edge]\nprot = 1\n", "edge.prot: unknown key"),
+        ("[edge]\nport = 'x'\n", "edge.port: must be an integer"),
+        ("[edge]\nport = 70000\n", "edge.port: must be 0..65535"),
+        ("[edge]\njournal_fsync = 1\n", "edge.journal_fsync: must be true or false"),
+        ("[edge]\nnode_id = 'a/b'\n", "edge.node_id"),
+        ("[edges]\n", "unknown table(s) edges"),
+        ("[edge\n", "not valid TOML"),
+    ],
+)
+def test_bad_edge_settings_name_the_key(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(SettingsError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_edge(path, {})
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[pipeline]\nmax_records_per_batch = 0\n", "pipeline.max_records_per_batch"),
+        ("[pipeline]\ntrigger_interval_seconds = -1\n", "pipeline.trigger_interval_seconds"),
+        ("[pipeline]\nlake = 3\n", "pipeline.lake: must be a non-empty path"),
+    ],
+)
+def test_bad_pipeline_settings_name_the_key(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(SettingsError, match=message):
+        load_pipeline(path, {})
+
+
+def test_missing_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match="settings file not found"):
+        load_edge(tmp_path / "nope.toml", {})
