@@ -9,6 +9,7 @@ error if the broker fails to start.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -202,9 +203,7 @@ def start_null_sink(*, blast: bool = True, timeout: float = 20.0) -> BrokerProce
     if blast:
         argv.append("--blast")
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p
-    )
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     broker = BrokerProcess("null", argv, port=port, workdir=workdir, env=env, cwd=REPO_ROOT)
     _ready_or_cleanup(broker, timeout)
     return broker
@@ -272,3 +271,35 @@ class RssSampler:
     @property
     def peak(self) -> int | None:
         return max((kib for _, kib in self.samples), default=None)
+
+
+def machine_cpu() -> tuple[float, float]:
+    """(busy, total) CPU seconds summed over all cores since boot, from /proc/stat."""
+    return per_cpu_busy()["cpu"]
+
+
+def per_cpu_busy() -> dict[str, tuple[float, float]]:
+    """(busy, total) CPU seconds since boot for "cpu" (all) and each "cpuN", from /proc/stat."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    with open("/proc/stat") as stat:
+        for line in stat:
+            if not line.startswith("cpu"):
+                break
+            name, *values = line.split()
+            # user nice system idle iowait irq softirq steal [guest*, already in user/nice]
+            fields = [int(x) for x in values[:8]]
+            idle = fields[3] + fields[4]
+            out[name] = ((sum(fields) - idle) / tick, sum(fields) / tick)
+    return out
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Restrict every thread of a process to `cpus` (affinity is per thread on Linux)."""
+    try:
+        tids = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        tids = [pid]
+    for tid in tids:
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(tid, cpus)

@@ -22,6 +22,7 @@ import contextlib
 import logging
 import signal
 import time
+from typing import cast
 
 from bench import wire
 
@@ -50,8 +51,8 @@ class _SinkConnection(asyncio.Protocol):
         self.closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports implement, but do not subclass, asyncio.Transport.
+        self.transport = cast(asyncio.Transport, transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -121,9 +122,14 @@ async def serve(
 ) -> None:
     sink = _Sink(blast=blast, blast_payload=blast_payload, max_seconds=max_seconds)
     loop = asyncio.get_running_loop()
-    stop = loop.create_future()
+    stop: asyncio.Future[None] = loop.create_future()
+
+    def on_signal() -> None:
+        if not stop.done():
+            stop.set_result(None)
+
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, lambda: stop.done() or stop.set_result(None))
+        loop.add_signal_handler(signum, on_signal)
     server = await loop.create_server(lambda: _SinkConnection(sink), host, port)
     log.info("null sink listening on %s:%d (blast=%s)", host, port, blast)
     async with server:
@@ -137,7 +143,7 @@ async def serve(
 
 def _run(coro: object) -> None:
     try:
-        import uvloop  # noqa: PLC0415 — optional speed-up, same as the workers use
+        import uvloop  # optional speed-up, same as the workers use
     except ImportError:  # pragma: no cover
         asyncio.run(coro)  # type: ignore[arg-type]
         return
@@ -146,7 +152,9 @@ def _run(coro: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.sink", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.sink", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT (default %(default)s)")
     parser.add_argument("--blast", action="store_true", help="flood every subscriber")
     parser.add_argument("--blast-payload", type=int, default=64, help="payload bytes")

@@ -143,7 +143,7 @@ DISCONNECT = b"\xe0\x00"
 # --- decoding ---------------------------------------------------------------------------
 
 
-def _read_header(buf: bytes | bytearray, start: int) -> tuple[int, int] | None:
+def read_header(buf: bytes | bytearray, start: int) -> tuple[int, int] | None:
     """Return (body start, body length) of the packet at `start`, or None if incomplete."""
     n = len(buf)
     length = 0
@@ -172,7 +172,7 @@ class PacketReader:
         self._buf += data
 
     def next_packet(self) -> Packet | None:
-        header = _read_header(self._buf, 0) if self._buf else None
+        header = read_header(self._buf, 0) if self._buf else None
         if header is None:
             return None
         start, length = header
@@ -239,7 +239,7 @@ def stamp_of(payload: bytes) -> tuple[int, int]:
     return int.from_bytes(payload[:8], "big"), int.from_bytes(payload[8:16], "big")
 
 
-def count_pubacks(buf: bytearray) -> tuple[int, int]:
+def count_pubacks(buf: bytes | bytearray) -> tuple[int, int]:
     """Count leading PUBACK packets; return (count, bytes consumed).
 
     The common case — the buffer is a whole number of PUBACKs — is verified with strided
@@ -302,7 +302,7 @@ class PublishScanner:
             if not self.first_ns:
                 self.first_ns = now_ns
             self.last_ns = now_ns
-            if len(self.samples) >= self.max_samples:
+            while len(self.samples) > self.max_samples:
                 del self.samples[1::2]
                 self._every *= 2
         return count
@@ -340,9 +340,7 @@ class PublishScanner:
         del buf[:whole]
         return n
 
-    def _scan_each(
-        self, buf: bytearray, now_ns: int, acks: bytearray, others: list[Packet]
-    ) -> int:
+    def _scan_each(self, buf: bytearray, now_ns: int, acks: bytearray, others: list[Packet]) -> int:
         """General path: one packet at a time, everything in local variables."""
         n = len(buf)
         i = 0
@@ -355,7 +353,7 @@ class PublishScanner:
             length = buf[i + 1]
             j = i + 2
             if length & 0x80:
-                header = _read_header(buf, i)
+                header = read_header(buf, i)
                 if header is None:
                     break
                 j, length = header
@@ -386,7 +384,7 @@ class PublishScanner:
         return count
 
     def _remember_shape(self, buf: bytearray, at: int) -> None:
-        header = _read_header(buf, at)
+        header = read_header(buf, at)
         assert header is not None
         body, length = header
         payload = body + 2 + ((buf[body] << 8) | buf[body + 1])

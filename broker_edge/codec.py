@@ -85,7 +85,10 @@ _RETAIN_HANDLING: Final = (
     RetainHandling.SEND_IF_NEW_SUBSCRIPTION,
     RetainHandling.DO_NOT_SEND,
 )
-_V5: Final = ProtocolVersion.MQTT_5
+_V5: Final = 5  # compared with ==, so a plain int level works as well as the enum
+_CONNECT: Final = 1
+_PUBLISH: Final = 3
+_AUTH: Final = 15
 
 # Required low nibble of the fixed header per packet type, indexed by type; None for PUBLISH
 # (its flags carry DUP/QoS/RETAIN) and for the forbidden type 0.
@@ -359,7 +362,7 @@ def _decode_properties(buf: bytes, pos: int, end: int, context: int) -> tuple[Pr
             raise ProtocolError(error)
         if ident == _SUBSCRIPTION_IDENTIFIER:
             # Several in a PUBLISH (one per matching subscription), one in a SUBSCRIBE.
-            if subscription_ids and context != PacketType.PUBLISH:
+            if subscription_ids and context != _PUBLISH:
                 raise ProtocolError("subscription identifier included more than once")
             subscription_ids.append(value)
             continue
@@ -391,7 +394,7 @@ def _encode_properties(props: Properties, context: int) -> bytes:
                 out += _str(val)
             continue
         if kind == _VARINT:
-            if len(value) > 1 and context != PacketType.PUBLISH:
+            if len(value) > 1 and context != _PUBLISH:
                 raise LocalProtocolError("only one subscription identifier is allowed here")
             for sub_id in value:
                 if error := _property_value_error(ident, kind, sub_id):
@@ -440,7 +443,7 @@ def _decode_connect(flags: int, body: bytes, v5: bool) -> Connect:
             ReasonCode.UNSUPPORTED_PROTOCOL_VERSION,
         )
     version = ProtocolVersion(level)
-    v5 = version is _V5
+    v5 = version == _V5
     connect_flags = body[pos + 1]
     keepalive = (body[pos + 2] << 8) | body[pos + 3]
     pos += 4
@@ -763,13 +766,33 @@ class _ReceiveBuffer:
         self._cursor = cursor + 1
         return self._data[cursor]
 
+    def read_varint(self) -> int | None:
+        """A variable byte integer [MQTT-1.5.5-1], or None if its last byte has not arrived."""
+        data = self._data
+        cursor = self._cursor
+        stop = len(data)
+        value = 0
+        for shift in (0, 7, 14, 21):
+            if cursor >= stop:
+                return None
+            byte = data[cursor]
+            cursor += 1
+            value |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                if byte == 0 and shift:
+                    raise MalformedPacket("variable byte integer not minimally encoded")
+                self._cursor = cursor
+                return value
+        raise MalformedPacket("variable byte integer longer than four bytes")  # [MQTT-2.2.3]
+
     def read_exact(self, count: int) -> bytes | None:
         start = self._cursor
         stop = start + count
         if stop > len(self._data):
             return None
         self._cursor = stop
-        # One copy straight into an immutable bytes (slicing the bytearray would copy twice).
+        if count < 4096:  # slice-and-convert copies twice, but is cheapest for small bodies
+            return bytes(self._data[start:stop])
         with memoryview(self._data) as view:
             return view[start:stop].tobytes()
 
@@ -829,31 +852,34 @@ class Decoder:
             return None
         packet_type = first >> 4
         flags = first & 0x0F
-        self._check_first_byte(packet_type, flags)
-        remaining = self._read_remaining_length()
+        version = self.protocol_version
+        # A valid PUBLISH on an established connection skips the checks (the hot path).
+        if packet_type != _PUBLISH or flags & 0x06 == 0x06 or flags & 0x0E == 0x08 or not version:
+            self._check_first_byte(packet_type, flags)
+        remaining = buffer.read_varint()
         if remaining is None:
             buffer.rollback()
             return None
-        size = buffer.tentative + remaining
-        if size > self.max_packet_size:
-            # [MQTT-3.2.2-15]: refuse before buffering the body.
-            raise PacketTooLarge(
-                f"packet of {size} bytes exceeds the maximum of {self.max_packet_size}"
-            )
+        if remaining + 5 > self.max_packet_size:  # cheap bound first, exact size only then
+            size = buffer.tentative + remaining
+            if size > self.max_packet_size:
+                # [MQTT-3.2.2-15]: refused from the header, before the body is buffered.
+                raise PacketTooLarge(
+                    f"packet of {size} bytes exceeds the maximum of {self.max_packet_size}"
+                )
         body = buffer.read_exact(remaining)
         if body is None:
             buffer.rollback()
             return None
         buffer.commit()
-        version = self.protocol_version
-        packet = _DECODERS[packet_type](flags, body, version is _V5)
+        packet = _DECODERS[packet_type](flags, body, version == _V5)
         if version is None and isinstance(packet, Connect):
             # Only a CONNECT gets here (see _check_first_byte); the server learns the version.
             self.protocol_version = packet.protocol_version
         return packet
 
     def _check_first_byte(self, packet_type: int, flags: int) -> None:
-        if packet_type == PacketType.PUBLISH:
+        if packet_type == _PUBLISH:
             if flags & 0x06 == 0x06:
                 raise MalformedPacket("PUBLISH with QoS 3")  # [MQTT-3.3.1-4]
             if flags & 0x08 and not flags & 0x06:
@@ -865,25 +891,10 @@ class Decoder:
             raise MalformedPacket(f"invalid fixed header flags {flags:#06b} for {name}")
         version = self.protocol_version
         if version is None:
-            if packet_type != PacketType.CONNECT:
+            if packet_type != _CONNECT:
                 raise ProtocolError("the first packet must be CONNECT")  # [MQTT-3.1.0-1]
-        elif packet_type == PacketType.AUTH and version is not _V5:
+        elif packet_type == _AUTH and version != _V5:
             raise MalformedPacket("packet type 15 is reserved before MQTT 5.0")
-
-    def _read_remaining_length(self) -> int | None:
-        """The remaining length, or None if its bytes have not all arrived (caller rolls back)."""
-        buffer = self._buffer
-        value = 0
-        for shift in (0, 7, 14, 21):
-            byte = buffer.read_byte()
-            if byte is None:
-                return None
-            value |= (byte & 0x7F) << shift
-            if not byte & 0x80:
-                if byte == 0 and shift:
-                    raise MalformedPacket("remaining length not minimally encoded")  # 1.5.5
-                return value
-        raise MalformedPacket("remaining length longer than four bytes")  # [MQTT-2.2.3]
 
 
 # -- encoding -------------------------------------------------------------------------------------
@@ -922,7 +933,7 @@ def encode_publish(  # noqa: PLR0917 -- positional on purpose: the delivery hot 
         id_bytes = _packet_id(packet_id)
     else:
         raise LocalProtocolError(f"PUBLISH QoS {qos}")
-    if protocol_version is not _V5:
+    if protocol_version != _V5:
         props = b""
     elif properties is None or properties is NO_PROPERTIES:
         props = _NO_PROPERTIES_BYTES
@@ -948,7 +959,7 @@ def _encode_connect(packet: Connect, version: ProtocolVersion) -> bytes:
         raise LocalProtocolError(
             f"CONNECT for {packet.protocol_version.name} encoded as {version.name}"
         )
-    v5 = version is _V5
+    v5 = version == _V5
     name = b"\x00\x06MQIsdp" if version == ProtocolVersion.MQTT_3_1 else b"\x00\x04MQTT"
     flags = 0x02 if packet.clean_start else 0
     will = packet.will
@@ -1081,7 +1092,7 @@ def encode(packet: Packet, protocol_version: ProtocolVersion) -> bytes:
     For 3.1 and 3.1.1, fields that format has no room for (properties, reason codes on acks and
     UNSUBACK, subscription options other than QoS) are dropped.
     """
-    v5 = protocol_version is _V5
+    v5 = protocol_version == _V5
     match packet:
         case Publish():
             return encode_publish(

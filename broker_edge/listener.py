@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import typing
 
 from broker_edge.broker import Broker
 from broker_edge.connection import Connection, ConnState
@@ -29,7 +30,8 @@ class MqttProtocol(asyncio.Protocol):
         self._conn: Connection | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        transport = typing.cast(asyncio.Transport, transport)
         self._transport = transport
         peer = transport.get_extra_info("peername")
         conn = Connection(self._broker, f"{peer[0]}:{peer[1]}" if peer else "?", self._loop.time())

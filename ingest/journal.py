@@ -437,7 +437,8 @@ class JournalWriter:
             )
         data = encode_frame(frame.to_batch(), frame.first_seq)
         try:
-            if self._fd is None or self._size >= self._segment_bytes:
+            # Roll only a segment that holds a frame: an empty one is already named first_seq.
+            if self._fd is None or self._size >= max(self._segment_bytes, len(FILE_HEADER) + 1):
                 self._roll(frame.first_seq)
             assert self._fd is not None
             self._write_all(data)

@@ -65,11 +65,11 @@ class DeltaBatchWriter:
 
     def last_batch_id(self) -> int | None:
         """The highest batch id committed under ``app_id``, or None (no table, or no commit)."""
-        if not DeltaTable.is_deltatable(self._path):
+        if not _is_table(self._path):
             return None
         try:
             version: int | None = DeltaTable(self._path).transaction_version(self._app_id)
-        except DeltaError as exc:
+        except (DeltaError, OSError) as exc:
             raise DeltaSinkError(f"{self._path}: cannot read the transaction log") from exc
         return version
 
@@ -107,7 +107,7 @@ class DeltaBatchWriter:
                     app_transactions=[Transaction(self._app_id, batch_id)]
                 ),
             )
-        except DeltaError as exc:
+        except (DeltaError, OSError) as exc:
             raise DeltaSinkError(
                 f"{self._path}: writing batch {batch_id} of {self._app_id} failed"
             ) from exc
@@ -121,7 +121,7 @@ class DeltaBatchWriter:
         return True
 
     def _open_or_create(self) -> DeltaTable:
-        if DeltaTable.is_deltatable(self._path):
+        if _is_table(self._path):
             return DeltaTable(self._path)
         Path(self._path).mkdir(parents=True, exist_ok=True)
         # mode="ignore": another writer creating the same table first is not an error.
@@ -140,6 +140,12 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
 
     Engines hand over equivalent but different Arrow types (Spark: large strings, the session
     time zone, nullable nested fields); values are cast, never dropped or invented.
+
+    Every column is also copied into one fresh array. Spark's (Java) Arrow writer gives
+    zero-length string/binary arrays, e.g. the keys under a batch of empty lists or an empty
+    partition's chunk, an empty offsets buffer instead of one zero offset; delta-rs (arrow-rs)
+    then reads past the buffer and panics. pyarrow's concatenation rebuilds proper offsets at
+    every nesting level; the copy costs little next to collecting and encoding the batch.
     """
     missing = [name for name in schema.names if name not in table.column_names]
     extra = [name for name in table.column_names if name not in schema.names]
@@ -151,11 +157,12 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
         if not field.nullable and column.null_count:
             raise SinkSchemaError(f"column {field.name!r}: {column.null_count} nulls, not nullable")
         try:
-            columns.append(column.cast(field.type))
+            cast = column.cast(field.type)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
             raise SinkSchemaError(
                 f"column {field.name!r}: cannot cast {column.type} to {field.type}: {exc}"
             ) from exc
+        columns.append(pa.concat_arrays(cast.chunks) if cast.num_chunks else cast)
     return pa.Table.from_arrays(columns, schema=schema)
 
 
@@ -173,7 +180,7 @@ def read_table(
     ``schema``'s when given (its fields for the selected columns).
     """
     target = str(path)
-    if not DeltaTable.is_deltatable(target):
+    if not _is_table(target):
         raise DeltaSinkError(f"{target}: not a Delta table")
     try:
         delta = DeltaTable(target)
@@ -187,11 +194,19 @@ def read_table(
         if sql_where:
             sql += f" WHERE {sql_where}"
         result = QueryBuilder().register(_QUERY_TABLE, delta).execute(sql).read_all()
-    except DeltaError as exc:
+    except (DeltaError, OSError) as exc:
         raise DeltaSinkError(f"{target}: query failed: {exc}") from exc
     # DataFusion answers with view types (string_view, binary_view); hand back the table's.
     wanted = schema if schema is not None else table_schema
     return conform(pa.table(result), pa.schema([wanted.field(name) for name in names]))
+
+
+def _is_table(path: str) -> bool:
+    try:
+        found: bool = DeltaTable.is_deltatable(path)
+    except OSError as exc:  # e.g. a plain file where the table directory should be
+        raise DeltaSinkError(f"{path}: cannot be a Delta table: {exc}") from exc
+    return found
 
 
 def _quote(identifier: str) -> str:

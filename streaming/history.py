@@ -18,6 +18,7 @@ from pyspark.sql import functions as F  # noqa: N812 (the idiomatic Spark alias)
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.streaming.query import StreamingQuery
 
+from ingest.source import OPTION_CHECKPOINT, OPTION_MAX_RECORDS, OPTION_PATH, SOURCE_NAME
 from schemas.tables import MESSAGES_PARTITION_BY, MESSAGES_SCHEMA
 from sinks.delta import DeltaBatchWriter
 from streaming.errors import PipelineError
@@ -29,7 +30,6 @@ JOB = "history"
 TABLE = "messages"
 # The Delta app id of this job's commits. Stable across restarts from the same checkpoint.
 APP_ID = "edgebus.history"
-SOURCE_FORMAT = "edgebus"
 
 # Spark types of the table, derived from the one Arrow definition in schemas.tables.
 MESSAGES_SPARK_SCHEMA = from_arrow_schema(MESSAGES_SCHEMA)
@@ -75,10 +75,10 @@ def start(spark: SparkSession, settings: PipelineSettings) -> StreamingQuery:
     writer = messages_writer(settings)
     check_checkpoint(checkpoint, writer)
     journal = (
-        spark.readStream.format(SOURCE_FORMAT)
-        .option("path", str(settings.journal_root))
-        .option("maxRecordsPerBatch", str(settings.max_records_per_batch))
-        .option("checkpointLocation", str(checkpoint))
+        spark.readStream.format(SOURCE_NAME)
+        .option(OPTION_PATH, str(settings.journal_root))
+        .option(OPTION_MAX_RECORDS, str(settings.max_records_per_batch))
+        .option(OPTION_CHECKPOINT, str(checkpoint))
         .load()
     )
     query: StreamingQuery = (

@@ -13,6 +13,7 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
+import uvloop
 
 from broker_edge.node import EdgeNode
 from broker_edge.settings import EdgeSettings
@@ -23,9 +24,9 @@ TIMEOUT = 10.0
 class RunningEdge:
     """An EdgeNode served from a background thread; ``port`` is the real bound port."""
 
-    def __init__(self, settings: EdgeSettings) -> None:
+    def __init__(self, settings: EdgeSettings, loop_kind: str = "asyncio") -> None:
         self.settings = settings
-        self.loop = asyncio.new_event_loop()
+        self.loop = uvloop.new_event_loop() if loop_kind == "uvloop" else asyncio.new_event_loop()
         self.node = EdgeNode(settings)
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
@@ -79,20 +80,27 @@ def edge_settings(tmp_path: Path) -> EdgeSettings:
     return EdgeSettings(host="127.0.0.1", port=0, data_dir=tmp_path / "data", node_id="test")
 
 
+@pytest.fixture(params=["asyncio", "uvloop"])
+def loop_kind(request: pytest.FixtureRequest) -> str:
+    """Every broker test runs on both event loops the edge supports."""
+    kind: str = request.param
+    return kind
+
+
 @pytest.fixture
-def edge(edge_settings: EdgeSettings) -> Iterator[RunningEdge]:
-    running = RunningEdge(edge_settings).start()
+def edge(edge_settings: EdgeSettings, loop_kind: str) -> Iterator[RunningEdge]:
+    running = RunningEdge(edge_settings, loop_kind).start()
     yield running
     running.stop()
 
 
 @pytest.fixture
-def make_edge(edge_settings: EdgeSettings) -> Iterator[Any]:
+def make_edge(edge_settings: EdgeSettings, loop_kind: str) -> Iterator[Any]:
     """Start edges with setting overrides (restarts on the same data dir included)."""
     started: list[RunningEdge] = []
 
     def _make(**overrides: Any) -> RunningEdge:
-        running = RunningEdge(replace(edge_settings, **overrides)).start()
+        running = RunningEdge(replace(edge_settings, **overrides), loop_kind).start()
         started.append(running)
         return running
 

@@ -129,6 +129,43 @@ def test_reading_a_missing_table_or_bad_sql_is_a_sink_error(writer: DeltaBatchWr
         read_table(writer.path, columns=["no_such_column"])
 
 
+def test_a_file_in_the_way_is_a_sink_error(tmp_path: Path) -> None:
+    path = tmp_path / "messages"
+    path.write_bytes(b"not a table")
+    writer = DeltaBatchWriter(path, APP, MESSAGES_SCHEMA, MESSAGES_PARTITION_BY)
+    with pytest.raises(DeltaSinkError):
+        writer.last_batch_id()
+    with pytest.raises(DeltaSinkError):
+        writer.write(0, batch(message(1)))
+    with pytest.raises(DeltaSinkError):
+        read_table(path)
+
+
+def java_style_empty_strings() -> pa.Array:
+    # Spark's Java Arrow writer gives zero-length string arrays an empty offsets buffer.
+    empty = pa.py_buffer(b"")
+    return pa.Array.from_buffers(pa.string(), 0, [None, empty, empty])
+
+
+def test_batches_with_java_style_empty_offsets_are_written(writer: DeltaBatchWriter) -> None:
+    # All user_properties lists empty: the key/value arrays under them have no offsets at all,
+    # which made delta-rs (arrow-rs) read past the buffer and panic.
+    prop_type = MESSAGES_SCHEMA.field("user_properties").type
+    props = pa.StructArray.from_arrays(
+        [java_style_empty_strings(), java_style_empty_strings()],
+        fields=list(prop_type.value_type),
+    )
+    lists = pa.ListArray.from_arrays(pa.array([0, 0, 0], pa.int32()), props, type=prop_type)
+    rows = batch(message(1), message(2))
+    rows = rows.set_column(rows.schema.get_field_index("user_properties"), "user_properties", lists)
+    assert writer.write(0, rows)
+    back = read_table(writer.path, columns=["seq", "user_properties"]).sort_by("seq")
+    assert back.to_pylist() == [
+        {"seq": 1, "user_properties": []},
+        {"seq": 2, "user_properties": []},
+    ]
+
+
 READER = textwrap.dedent(
     """
     import sys

@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 from pyspark.errors import StreamingQueryException
@@ -177,8 +178,8 @@ def test_a_failing_query_fails_the_run(
     edgebus_spark: SparkSession, settings: PipelineSettings, once: bool
 ) -> None:
     journal(settings, "edge-a", traffic(3))
-    settings.lake.mkdir(parents=True)
-    settings.table_path("messages").write_bytes(b"not a table")  # the writer cannot create it
+    # A table of another shape already sits where messages go: the first batch cannot land.
+    DeltaTable.create(settings.table_path("messages"), pa.schema([pa.field("x", pa.int64())]))
 
     with pytest.raises(StreamingQueryException):
         pipeline.run(settings, once=once, spark=edgebus_spark)

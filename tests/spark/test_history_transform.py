@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -11,8 +12,8 @@ import pytest
 from pyspark.sql import SparkSession
 
 from schemas.journal import JOURNAL_SCHEMA
-from schemas.tables import MESSAGES_SCHEMA
-from sinks.delta import conform
+from schemas.tables import MESSAGES_PARTITION_BY, MESSAGES_SCHEMA
+from sinks.delta import DeltaBatchWriter, conform, read_table
 from streaming.history import MESSAGES_SPARK_SCHEMA, transform
 
 pytestmark = pytest.mark.spark
@@ -127,3 +128,13 @@ def test_date_is_the_utc_day_across_midnight(session: str, request: pytest.Fixtu
         dt.date(1970, 1, 1),
     ]
     assert out.column("ts").to_pylist() == [r["ts"] for r in rows]
+
+
+def test_spark_batches_of_empty_lists_reach_delta(spark: SparkSession, tmp_path: Path) -> None:
+    # Regression: Spark's Arrow output for all-empty lists once made delta-rs panic.
+    rows = [journal_row(i, "a/b", MIDNIGHT, user_properties=[]) for i in range(1, 6)]
+    journal = spark.createDataFrame(pa.Table.from_pylist(rows, schema=JOURNAL_SCHEMA))
+    writer = DeltaBatchWriter(tmp_path / "messages", "test", MESSAGES_SCHEMA, MESSAGES_PARTITION_BY)
+    assert writer.write(0, transform(journal.repartition(3)).toArrow())
+    back = read_table(writer.path, columns=["seq", "user_properties"]).sort_by("seq")
+    assert back.column("user_properties").to_pylist() == [[]] * 5

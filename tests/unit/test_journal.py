@@ -311,12 +311,21 @@ def test_zero_filled_tail_is_truncated(tmp_path: Path) -> None:
 
 
 def test_torn_segment_header_is_rewritten(tmp_path: Path) -> None:
-    write(tmp_path, [3], segment_bytes=10)
+    write(tmp_path, [3], segment_bytes=1)
     # A crash right after creating the next segment left only part of its header.
     (tmp_path / NODE / "00000000000000000004.seg").write_bytes(FILE_HEADER[:2])
     assert JournalReader(tmp_path / NODE).last_seq() == 3
-    assert write(tmp_path, [2], start=4, segment_bytes=10) == 5
-    assert seqs(tmp_path) == [1, 2, 3, 4, 5]
+    assert write(tmp_path, [2, 1], start=4, segment_bytes=1) == 6
+    assert seqs(tmp_path) == [1, 2, 3, 4, 5, 6]
+    assert [first for first, _ in list_segments(tmp_path / NODE)] == [1, 4, 6]
+
+
+def test_empty_newest_segment_is_reused(tmp_path: Path) -> None:
+    write(tmp_path, [3], segment_bytes=1)
+    # A crash right after creating (and syncing) the next segment, before its first frame.
+    (tmp_path / NODE / "00000000000000000004.seg").write_bytes(FILE_HEADER)
+    assert write(tmp_path, [2], start=4, segment_bytes=1) == 5
+    assert [first for first, _ in list_segments(tmp_path / NODE)] == [1, 4]
 
 
 def corrupt_middle(root: Path, how: str) -> tuple[Path, int]:

@@ -1,0 +1,320 @@
+"""The ``edgebus`` Spark streaming source: replays the node journals by offset.
+
+Theory of operation
+-------------------
+An offset is a JSON dict ``{node: last_seq_included}``; a node missing from a dict counts as 0.
+A micro-batch ``(start, end]`` holds, for every node, exactly the journal records with
+``start[node] < seq <= end[node]``. Journals are append-only and a seq never changes its record,
+so the same ``(start, end)`` always yields the same rows: Spark can replay any batch from its
+checkpoint and the sinks can de-duplicate by ``(node, seq)``.
+
+Where the pieces run:
+
+* ``latestOffset`` / ``partitions`` / ``commit`` run in one long-lived Python process next to
+  the driver, on one :class:`EdgebusStreamReader` object per query run. ``latestOffset`` reads
+  only frame headers (``JournalReader.last_seq``).
+* ``read`` runs on the executors, one call per :class:`JournalRange`; it yields the journal's
+  Arrow record batches as they are on disk (Spark 4.1 accepts ``pyarrow.RecordBatch`` from a
+  Python stream reader), sliced at the range edges. Heavy imports happen there, not at import
+  time.
+
+Capping. PySpark 4.1 gives Python sources no admission control (``maxRecordsPerBatch`` is not
+passed in by Spark), so the reader caps itself: ``latestOffset`` returns at most
+``maxRecordsPerBatch`` records beyond the end offset it planned last, splitting the budget
+max-min fairly across the nodes with a backlog. Spark always starts the next batch at the end
+offset it got last, so that "last planned end" is the only state the reader needs. It must
+never go backwards: an end below Spark's start would make the next batch re-read records. A new
+reader object (a query restart) recovers it in two independent ways and takes the larger:
+
+1. the ``checkpointLocation`` option: the query's offset log
+   ``{checkpointLocation}/offsets/{highest batch id}`` is ``v1``, a metadata JSON line, then one
+   line per source with the source's end offset of that batch; and
+2. Spark 4.1's ``PythonMicroBatchStream`` implements ``AcceptsLatestSeenOffset``: on restart it
+   calls ``partitions(latest, latest)`` with the checkpointed offset before asking for
+   ``latestOffset``; every ``partitions`` call raises the planned end to at least its ``end``.
+
+Both were checked against Spark 4.1.4 (see ``tests/spark/test_source.py``). Capping is only a
+batch-size bound; correctness (no gaps, no duplicates) comes from the offsets alone.
+
+With ``trigger(availableNow=True)`` Spark asks for ``latestOffset`` once and stops there, so a
+capped source delivers only the first batch; use ``processAllAvailable()`` to drain a backlog.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import urlparse
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.types import StructType
+
+from ingest.journal import JournalError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import SparkSession
+
+    from ingest.journal import JournalReader
+
+SOURCE_NAME = "edgebus"
+DEFAULT_MAX_RECORDS_PER_BATCH = 200_000
+PARTITION_RECORDS = 50_000
+"""A node's range is split into read tasks of about this many records, for parallelism."""
+
+OPTION_PATH = "path"
+OPTION_MAX_RECORDS = "maxRecordsPerBatch"
+OPTION_CHECKPOINT = "checkpointLocation"
+
+Offset = dict[str, int]
+
+
+class SourceError(JournalError):
+    """An error of the ``edgebus`` source (``JournalError`` is the ``ingest`` package's root)."""
+
+
+class SourceOptionError(SourceError):
+    """A source option is missing or bad; the message names the option."""
+
+
+@cache
+def journal_spark_schema() -> StructType:
+    """JOURNAL_SCHEMA as a Spark StructType (converted, not re-declared)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from schemas.journal import JOURNAL_SCHEMA
+
+    schema: StructType = from_arrow_schema(JOURNAL_SCHEMA)
+    return schema
+
+
+def register(spark: SparkSession) -> None:
+    """Make ``spark.readStream.format("edgebus")`` available in this session."""
+    spark.dataSource.register(EdgebusDataSource)
+
+
+@dataclass(frozen=True, slots=True)
+class SourceOptions:
+    journal_root: Path
+    max_records_per_batch: int
+    checkpoint: Path | None
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> SourceOptions:
+        """Validate the reader options; names are case-insensitive, as everywhere in Spark."""
+        given = {key.lower(): value for key, value in options.items()}
+        known = (OPTION_PATH, OPTION_MAX_RECORDS, OPTION_CHECKPOINT)
+        unknown = sorted(set(given) - {name.lower() for name in known})
+        if unknown:
+            raise SourceOptionError(
+                f"edgebus source: unknown option(s) {', '.join(map(repr, unknown))}; "
+                f"known: {', '.join(known)}"
+            )
+        root = given.get(OPTION_PATH.lower())
+        if not root:
+            raise SourceOptionError(
+                f"edgebus source: option {OPTION_PATH!r} (the journal root directory) is required"
+            )
+        raw_max = given.get(OPTION_MAX_RECORDS.lower(), str(DEFAULT_MAX_RECORDS_PER_BATCH))
+        try:
+            max_records = int(raw_max)
+        except ValueError:
+            max_records = 0
+        if max_records < 1:
+            raise SourceOptionError(
+                f"edgebus source: option {OPTION_MAX_RECORDS!r} must be a positive integer, "
+                f"got {raw_max!r}"
+            )
+        checkpoint = _local_path(given.get(OPTION_CHECKPOINT.lower()))
+        return cls(Path(root), max_records, checkpoint)
+
+
+def _local_path(location: str | None) -> Path | None:
+    if not location:
+        return None
+    url = urlparse(location)
+    if url.scheme in ("", "file"):
+        return Path(url.path if url.scheme else location)
+    raise SourceOptionError(
+        f"edgebus source: option {OPTION_CHECKPOINT!r} must be a local path to read the offset "
+        f"log from, got {location!r}; leave it out to rely on Spark's restart offset alone"
+    )
+
+
+class EdgebusDataSource(DataSource):
+    """``spark.readStream.format("edgebus").option("path", journal_root)``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> StructType:
+        SourceOptions.parse(self.options)  # fail at load(), not at the first batch
+        return journal_spark_schema()
+
+    def streamReader(self, schema: StructType) -> EdgebusStreamReader:  # noqa: N802 (Spark API)
+        return EdgebusStreamReader(SourceOptions.parse(self.options))
+
+
+@dataclass(frozen=True)
+class JournalRange(InputPartition):
+    """One read task: the records of ``node`` with ``after_seq < seq <= upto_seq``."""
+
+    node: str
+    after_seq: int
+    upto_seq: int
+
+
+class EdgebusStreamReader(DataSourceStreamReader):
+    """Plans journal ranges by offset (driver side) and reads them (executor side)."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self._options = options
+        self._planned: Offset | None = None  # end offset of the last batch Spark will start at
+        self._journals: dict[str, JournalReader] = {}
+
+    # --- driver side ----------------------------------------------------------------------------
+
+    def initialOffset(self) -> Offset:  # noqa: N802 (Spark API)
+        from ingest.journal import list_nodes
+
+        return dict.fromkeys(list_nodes(self._options.journal_root), 0)
+
+    def latestOffset(self) -> Offset:  # noqa: N802 (Spark API)
+        from ingest.journal import list_nodes
+
+        planned = self._planned_end()
+        available = {node: self._journal(node).last_seq() for node in list_nodes(self._root)}
+        for node, seq in available.items():
+            if seq < planned.get(node, 0):
+                raise SourceError(
+                    f"edgebus source: journal of node {node!r} ends at seq {seq} but the query "
+                    f"already planned up to seq {planned[node]}: records were lost from "
+                    f"{self._root / node}"
+                )
+        end = cap_offsets(planned, available, self._options.max_records_per_batch)
+        self._planned = end
+        return end
+
+    def partitions(self, start: Offset, end: Offset) -> Sequence[JournalRange]:
+        start, end = _check_offset(start), _check_offset(end)
+        # On restart Spark 4.1 calls partitions(latest, latest) first (AcceptsLatestSeenOffset).
+        planned = self._planned_end()
+        self._planned = {n: max(planned.get(n, 0), end.get(n, 0)) for n in sorted({*planned, *end})}
+        ranges: list[JournalRange] = []
+        for node in sorted(end):
+            after, upto = start.get(node, 0), end[node]
+            ranges.extend(
+                JournalRange(node, lo, min(lo + PARTITION_RECORDS, upto))
+                for lo in range(after, upto, PARTITION_RECORDS)
+            )
+        return ranges
+
+    def commit(self, end: Offset) -> None:
+        """Nothing to do: retention, not the source, decides when journal records go."""
+
+    def _planned_end(self) -> Offset:
+        if self._planned is None:
+            checkpoint = self._options.checkpoint
+            self._planned = {} if checkpoint is None else checkpointed_offset(checkpoint)
+        return self._planned
+
+    @property
+    def _root(self) -> Path:
+        return self._options.journal_root
+
+    def _journal(self, node: str) -> JournalReader:
+        from ingest.journal import JournalReader
+
+        journal = self._journals.get(node)
+        if journal is None:
+            journal = self._journals[node] = JournalReader(self._root / node)
+        return journal
+
+    # --- executor side --------------------------------------------------------------------------
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        from ingest.journal import JournalReader
+
+        assert isinstance(partition, JournalRange)
+        journal = JournalReader(self._root / partition.node)
+        yield from journal.read(partition.after_seq, partition.upto_seq)
+
+
+def cap_offsets(planned: Offset, available: Offset, budget: int) -> Offset:
+    """The end offset at most ``budget`` records past ``planned``, shared max-min fairly.
+
+    Every node with a backlog gets an equal share; what a small backlog leaves unused goes to
+    the others. When the budget is smaller than the number of nodes, the largest backlogs go
+    first (so no node starves: its backlog only grows while others shrink).
+    """
+    nodes = sorted({*planned, *available})
+    backlog = {n: max(available.get(n, 0) - planned.get(n, 0), 0) for n in nodes}
+    grant = dict.fromkeys(nodes, 0)
+    left = budget
+    active = [n for n in nodes if backlog[n] > 0]
+    while left > 0 and active:
+        share = left // len(active)
+        if share == 0:
+            by_need = sorted(active, key=lambda n: (grant[n] - backlog[n], n))
+            for n in by_need[:left]:
+                grant[n] += 1
+            break
+        for n in active:
+            take = min(share, backlog[n] - grant[n])
+            grant[n] += take
+            left -= take
+        active = [n for n in active if grant[n] < backlog[n]]
+    return {n: planned.get(n, 0) + grant[n] for n in nodes}
+
+
+def checkpointed_offset(checkpoint: Path) -> Offset:
+    """This source's end offset in the newest entry of a query's offset log ({} if none).
+
+    Spark writes ``offsets/{batch id}`` as ``v1``, a metadata JSON line, then one line per
+    source (``-`` for a source without an offset yet). Our offsets are flat ``{str: int}``
+    dicts; if several sources of a query look like that, the per-node maximum is taken: a too
+    high start only makes one batch larger than the cap, a too low one would re-read records.
+    """
+    log = checkpoint / "offsets"
+    try:
+        batch_ids = [int(name) for name in os.listdir(log) if name.isdigit()]
+    except FileNotFoundError:
+        return {}
+    if not batch_ids:
+        return {}
+    entry = log / str(max(batch_ids))
+    lines = entry.read_text(encoding="utf-8").splitlines()
+    if not lines or lines[0] != "v1":
+        raise SourceError(
+            f"edgebus source: unsupported offset log format in {entry} "
+            f"(first line {lines[:1]!r}, expected 'v1')"
+        )
+    merged: Offset = {}
+    for line in lines[2:]:
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue  # "-" or another source's non-JSON offset
+        if _is_flat_offset(value):
+            for node, seq in value.items():
+                merged[node] = max(merged.get(node, 0), seq)
+    return merged
+
+
+def _is_flat_offset(value: object) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and type(v) is int for k, v in value.items()
+    )
+
+
+def _check_offset(value: object) -> Offset:
+    if not _is_flat_offset(value):
+        raise SourceError(f"edgebus source: not an offset of this source: {value!r}")
+    assert isinstance(value, dict)
+    return value
