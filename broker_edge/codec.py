@@ -252,6 +252,10 @@ def _check_code(code: int, allowed: frozenset[int], packet: str) -> int:
     return code
 
 
+def _has_properties(props: Properties) -> bool:
+    return props is not NO_PROPERTIES and props != NO_PROPERTIES
+
+
 def _frame(first: int, body: bytes) -> bytes:
     return b"".join((bytes((first,)), _varint(len(body)), body))
 
@@ -783,7 +787,7 @@ class _ReceiveBuffer:
                     raise MalformedPacket("variable byte integer not minimally encoded")
                 self._cursor = cursor
                 return value
-        raise MalformedPacket("variable byte integer longer than four bytes")  # [MQTT-2.2.3]
+        raise MalformedPacket("variable byte integer longer than four bytes")  # 1.5.5
 
     def read_exact(self, count: int) -> bytes | None:
         start = self._cursor
@@ -938,7 +942,7 @@ def encode_publish(  # noqa: PLR0917 -- positional on purpose: the delivery hot 
     elif properties is None or properties is NO_PROPERTIES:
         props = _NO_PROPERTIES_BYTES
     else:
-        props = _encode_properties(properties, PacketType.PUBLISH)
+        props = _encode_properties(properties, _PUBLISH)
     first = 0x30 | (qos << 1) | (0x08 if dup else 0) | (0x01 if retain else 0)
     remaining = 2 + topic_length + len(id_bytes) + len(props) + len(payload)
     return b"".join(
@@ -1006,7 +1010,7 @@ def _encode_ack(
     body = _packet_id(packet.packet_id)
     if v5:
         code = _check_code(packet.reason_code, codes, packet_type.name)
-        if packet.properties != NO_PROPERTIES:
+        if _has_properties(packet.properties):
             body += bytes((code,)) + _encode_properties(packet.properties, packet_type)
         elif code:  # 3.4.2.1: the reason code may be omitted when it is 0x00
             body += bytes((code,))
@@ -1071,7 +1075,7 @@ def _encode_disconnect(packet: Disconnect, v5: bool) -> bytes:
     if not v5:
         return b"\xe0\x00"
     code = _check_code(packet.reason_code, _DISCONNECT_CODES, "DISCONNECT")
-    if packet.properties != NO_PROPERTIES:
+    if _has_properties(packet.properties):
         props = _encode_properties(packet.properties, PacketType.DISCONNECT)
         return _frame(0xE0, bytes((code,)) + props)
     return bytes((0xE0, 1, code)) if code else b"\xe0\x00"
@@ -1081,7 +1085,7 @@ def _encode_auth(packet: Auth, v5: bool) -> bytes:
     if not v5:
         raise LocalProtocolError("AUTH does not exist before MQTT 5.0")
     code = _check_code(packet.reason_code, _AUTH_CODES, "AUTH")
-    if packet.properties == NO_PROPERTIES and not code:
+    if not code and not _has_properties(packet.properties):
         return b"\xf0\x00"
     return _frame(0xF0, bytes((code,)) + _encode_properties(packet.properties, PacketType.AUTH))
 

@@ -20,7 +20,7 @@ SHARE_PREFIX = "$share/"
 
 
 # Named like MalformedPacket and PacketTooLarge in errors.py: what is wrong, not "...Error".
-class InvalidTopic(ProtocolError):  # noqa: N818
+class InvalidTopic(ProtocolError):
     """A topic name or filter the specification forbids.
 
     ``reason_code`` is ``TOPIC_NAME_INVALID`` (0x90) for a name and ``TOPIC_FILTER_INVALID``

@@ -180,7 +180,7 @@ def _run(args: argparse.Namespace) -> int:
     while any(child.poll() is None for child in children):
         for child in children:
             if child.poll() is not None and not stopping.is_set():
-                log.error("child %s exited with %s: stopping", child.args[4], child.returncode)
+                log.error("child %s exited with %s: stopping", child.pid, child.returncode)
                 _forward(signal.SIGTERM, None)
         with contextlib.suppress(subprocess.TimeoutExpired):
             children[0].wait(timeout=0.5)

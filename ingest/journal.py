@@ -595,6 +595,11 @@ class JournalReader:
     def node_dir(self) -> Path:
         return self._dir
 
+    @staticmethod
+    def list_nodes(journal_root: Path) -> list[str]:
+        """Same as the module-level :func:`list_nodes`."""
+        return list_nodes(journal_root)
+
     def last_seq(self) -> int:
         """The newest visible seq (0 when the journal is empty). Reads frame headers only."""
         segments = list_segments(self._dir)

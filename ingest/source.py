@@ -54,8 +54,6 @@ from urllib.parse import urlparse
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
-from ingest.journal import JournalError
-
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import SparkSession
@@ -74,8 +72,14 @@ OPTION_CHECKPOINT = "checkpointLocation"
 Offset = dict[str, int]
 
 
-class SourceError(JournalError):
-    """An error of the ``edgebus`` source (``JournalError`` is the ``ingest`` package's root)."""
+class SourceError(Exception):
+    """Root of the source's own errors (bad options, an offset that went backwards).
+
+    Not a ``JournalError``: that would import the journal, and with it pyarrow, whenever the
+    source is imported; the pyspark-data-sources style keeps heavy imports in the methods that
+    run on executors. Errors raised inside Spark reach callers as Spark exceptions anyway, with
+    this message (and a ``JournalError``'s, from ``read``) in their text.
+    """
 
 
 class SourceOptionError(SourceError):
@@ -207,8 +211,14 @@ class EdgebusStreamReader(DataSourceStreamReader):
         planned = self._planned_end()
         self._planned = {n: max(planned.get(n, 0), end.get(n, 0)) for n in sorted({*planned, *end})}
         ranges: list[JournalRange] = []
-        for node in sorted(end):
-            after, upto = start.get(node, 0), end[node]
+        for node in sorted({*start, *end}):
+            after, upto = start.get(node, 0), end.get(node, 0)
+            if upto < after:
+                # Spark would carry on from `end` and read (upto, after] a second time.
+                raise SourceError(
+                    f"edgebus source: offset of node {node!r} went backwards in a batch: "
+                    f"start {after}, end {upto}"
+                )
             ranges.extend(
                 JournalRange(node, lo, min(lo + PARTITION_RECORDS, upto))
                 for lo in range(after, upto, PARTITION_RECORDS)

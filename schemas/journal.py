@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-USER_PROPERTY = pa.struct([pa.field("key", pa.string(), False), pa.field("value", pa.string(), False)])
+USER_PROPERTY = pa.struct(
+    [pa.field("key", pa.string(), nullable=False), pa.field("value", pa.string(), nullable=False)]
+)
 
 # Column order is part of the on-disk format (journal frames are Arrow IPC record batches
 # serialized without their schema); change it only with a new journal format version.

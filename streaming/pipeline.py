@@ -60,10 +60,12 @@ def run(
         else:
             _wait(queries, stop if stop is not None else threading.Event())
     finally:
-        for query in queries:
-            _stop_gracefully(query)
-        if spark is None:
-            session.stop()
+        try:
+            for query in queries:
+                _stop_gracefully(query)
+        finally:
+            if spark is None:
+                session.stop()
 
 
 def _wait(queries: list[StreamingQuery], stop: threading.Event) -> None:
@@ -87,7 +89,5 @@ def _stop_gracefully(query: StreamingQuery) -> None:
     deadline = time.monotonic() + STOP_GRACE_SECONDS
     while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
         time.sleep(0.05)  # Spark exposes no "batch finished" event to Python: poll.
-    try:
-        query.stop()
-    finally:
-        logger.info("%s: stopped", query.name)
+    query.stop()
+    logger.info("%s: stopped", query.name)

@@ -28,8 +28,16 @@ ENV = {**os.environ, "PYSPARK_PYTHON": sys.executable}
 
 def _start_edge(data_dir: Path, log: Path) -> tuple[subprocess.Popen[bytes], int]:
     proc = subprocess.Popen(
-        [*EDGEBUS, "edge", "--listen", "127.0.0.1:0", "--data-dir", str(data_dir)]
-        + ["--node-id", "e2e"],
+        [
+            *EDGEBUS,
+            "edge",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            str(data_dir),
+            "--node-id",
+            "e2e",
+        ],
         stdout=subprocess.PIPE,
         stderr=log.open("ab"),
         env=ENV,
@@ -61,10 +69,11 @@ def _publish_acked(port: int, count: int, prefix: str) -> list[bytes]:
     return acked
 
 
-def _pipeline(data_dir: Path, lake: Path, config: Path, log: Path) -> list[str]:
-    return [*EDGEBUS, "pipeline", "--data-dir", str(data_dir), "--lake", str(lake)] + [
-        "--config",
-        str(config),
+def _pipeline(data_dir: Path, lake: Path, config: Path) -> list[str]:
+    return [
+        *EDGEBUS,
+        "pipeline",
+        *("--data-dir", str(data_dir), "--lake", str(lake), "--config", str(config)),
         "--once",
     ]
 
@@ -93,7 +102,7 @@ def test_acknowledged_messages_land_exactly_once(tmp_path: Path) -> None:
     assert edge.wait(30) == 0
 
     # A pipeline killed mid-run: wait for its first Delta commit, then SIGKILL it.
-    cmd = _pipeline(data_dir, lake, config, log)
+    cmd = _pipeline(data_dir, lake, config)
     killed = subprocess.Popen(cmd, stderr=log.open("ab"), env=ENV)
     first_commit = lake / "messages" / "_delta_log" / f"{1:020d}.json"
     deadline = time.monotonic() + 240

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from collections import Counter
@@ -109,6 +112,12 @@ def test_every_record_lands_exactly_once(
 
     dollar = read_table(settings.table_path("messages"), "starts_with(topic, '$')")
     assert dollar.num_rows == 0
+    # The source caps batches at 7 records: the runs above took several micro-batches.
+    last_batch = DeltaTable(str(settings.table_path("messages"))).transaction_version(
+        history.APP_ID
+    )
+    assert last_batch is not None
+    assert last_batch >= 4
 
 
 def test_crash_between_delta_commit_and_spark_commit(
@@ -184,6 +193,54 @@ def test_a_failing_query_fails_the_run(
     with pytest.raises(StreamingQueryException):
         pipeline.run(settings, once=once, spark=edgebus_spark)
     assert not edgebus_spark.streams.active
+
+
+PIPELINE_PROCESS = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+
+    from sinks.delta import read_table
+    from streaming import pipeline
+    from streaming.session import build_spark
+    from streaming.settings import PipelineSettings
+
+    settings = PipelineSettings(
+        data_dir=Path(sys.argv[1]), lake=Path(sys.argv[2]), master="local[1]",
+        shuffle_partitions=3, driver_memory="1g",
+    )
+    conf = build_spark(settings).conf
+    assert conf.get("spark.app.name") == "edgebus-pipeline"
+    assert conf.get("spark.sql.session.timeZone") == "UTC"
+    assert conf.get("spark.sql.shuffle.partitions") == "3"
+    assert conf.get("spark.ui.enabled") == "false"
+    pipeline.run(settings, once=True)  # builds (joins) the session and stops it
+    rows = read_table(settings.table_path("messages"), columns=["seq"])
+    assert rows.num_rows == int(sys.argv[3]), rows.num_rows
+    """
+)
+
+
+def test_pipeline_process_runs_once_and_exits_cleanly(settings: PipelineSettings) -> None:
+    # The real entry path in its own process: its own session, stopped by run(), then a Delta
+    # read in the same interpreter, which must still exit 0 (delta-rs and the JVM both loaded).
+    expected = journal(settings, "edge-a", traffic(10))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            PIPELINE_PROCESS,
+            str(settings.data_dir),
+            str(settings.lake),
+            str(len(expected)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert_exactly_once(settings, expected)
 
 
 def wait_for_query(spark: SparkSession, name: str, timeout: float = 60.0) -> StreamingQuery:

@@ -274,6 +274,8 @@ def test_partitions_split_large_ranges_and_skip_empty_ones(tmp_path: Path) -> No
         JournalRange("c", 3, 4),
         JournalRange("d", 0, 2),
     ]
+    with pytest.raises(source.SourceError, match="node 'b' went backwards"):
+        reader.partitions({"b": 5}, {"b": 4})
     with pytest.raises(source.SourceError, match="not an offset"):
         reader.partitions({"a": "7"}, end)  # type: ignore[dict-item]
 

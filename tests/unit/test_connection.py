@@ -8,7 +8,7 @@ import pytest
 
 from broker_edge.broker import Broker
 from broker_edge.codec import Decoder, encode
-from broker_edge.connection import ConnState, Connection
+from broker_edge.connection import Connection, ConnState
 from broker_edge.errors import ProtocolError
 from broker_edge.packets import (
     Connack,

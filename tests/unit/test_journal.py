@@ -231,7 +231,7 @@ def test_node_listing(tmp_path: Path) -> None:
     for node in ["b", "a"]:
         JournalWriter.open(tmp_path, node).close()
     (tmp_path / "stray.txt").write_text("x")
-    assert list_nodes(tmp_path) == ["a", "b"]
+    assert list_nodes(tmp_path) == JournalReader.list_nodes(tmp_path) == ["a", "b"]
     assert list_nodes(tmp_path / "missing") == []
 
 
