@@ -1,10 +1,10 @@
 """Start and stop the brokers under test on a free port of 127.0.0.1, and watch their resources.
 
 Each `start_*` returns a `BrokerProcess` (host, port, pid, `stop()`, usable as a context
-manager) once the port accepts TCP connections. The free port comes from binding port 0 and
-closing the socket again; the tiny race with other programs is accepted for a benchmark.
-Broker output goes to a log file in the broker's own temporary directory, quoted in the
-error if the broker fails to start.
+manager) once the port accepts TCP connections; `cpus` pins it (all its threads) to those
+CPUs. The free port comes from binding port 0 and closing the socket again; the tiny race
+with other programs is accepted for a benchmark. Broker output goes to a log file in the
+broker's own temporary directory, quoted in the error if the broker fails to start.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ class BrokerProcess:
         host: str = HOST,
         env: dict[str, str] | None = None,
         cwd: Path | None = None,
+        cpus: set[int] | None = None,
     ) -> None:
         self.name = name
         self.host = host
@@ -70,6 +71,9 @@ class BrokerProcess:
             cwd=cwd,
         )
         self.pid = self.proc.pid
+        self.cpus = cpus
+        if cpus:
+            pin(self.pid, cpus)  # early, so threads and children it starts inherit it
 
     def wait_ready(self, timeout: float = 20.0) -> None:
         """Poll until the port accepts a TCP connection (bounded by `timeout`)."""
@@ -80,9 +84,13 @@ class BrokerProcess:
                 raise BrokerError(f"{self.name} exited with {self.proc.returncode}: {self.tail()}")
             try:
                 with socket.create_connection((self.host, self.port), timeout=0.5):
-                    return
+                    pass
             except OSError:
                 time.sleep(0.05)
+                continue
+            if self.cpus:
+                pin(self.pid, self.cpus)  # again: threads started before the first pin
+            return
         self.stop()
         raise BrokerError(f"{self.name} did not listen on {self.port} in {timeout}s: {self.tail()}")
 
@@ -156,13 +164,19 @@ def mosquitto_version(binary: str = MOSQUITTO) -> str | None:
 
 
 def start_mosquitto(
-    binary: str = MOSQUITTO, *, extra_config: str = "", timeout: float = 20.0
+    binary: str = MOSQUITTO,
+    *,
+    extra_config: str = "",
+    timeout: float = 20.0,
+    cpus: set[int] | None = None,
 ) -> BrokerProcess:
     workdir = Path(tempfile.mkdtemp(prefix="bench-mosquitto-"))
     port = free_port()
     conf = workdir / "mosquitto.conf"
     conf.write_text(MOSQUITTO_CONFIG.format(port=port, host=HOST) + extra_config)
-    broker = BrokerProcess("mosquitto", [binary, "-c", str(conf)], port=port, workdir=workdir)
+    broker = BrokerProcess(
+        "mosquitto", [binary, "-c", str(conf)], port=port, workdir=workdir, cpus=cpus
+    )
     _ready_or_cleanup(broker, timeout)
     return broker
 
@@ -173,6 +187,7 @@ def start_edgebus(
     node_id: str = "bench",
     extra_args: list[str] | None = None,
     timeout: float = 30.0,
+    cpus: set[int] | None = None,
 ) -> BrokerProcess:
     """Run the edgebus broker edge (`python -m edgebus.cli edge ...`) on a free port."""
     workdir = Path(tempfile.mkdtemp(prefix="bench-edgebus-"))
@@ -190,12 +205,14 @@ def start_edgebus(
         node_id,
         *(extra_args or []),
     ]
-    broker = BrokerProcess("edgebus", argv, port=port, workdir=workdir, cwd=REPO_ROOT)
+    broker = BrokerProcess("edgebus", argv, port=port, workdir=workdir, cwd=REPO_ROOT, cpus=cpus)
     _ready_or_cleanup(broker, timeout)
     return broker
 
 
-def start_null_sink(*, blast: bool = True, timeout: float = 20.0) -> BrokerProcess:
+def start_null_sink(
+    *, blast: bool = True, timeout: float = 20.0, cpus: set[int] | None = None
+) -> BrokerProcess:
     """Run `bench.sink` — the generator-ceiling target — on a free port."""
     workdir = Path(tempfile.mkdtemp(prefix="bench-null-"))
     port = free_port()
@@ -204,7 +221,9 @@ def start_null_sink(*, blast: bool = True, timeout: float = 20.0) -> BrokerProce
         argv.append("--blast")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
-    broker = BrokerProcess("null", argv, port=port, workdir=workdir, env=env, cwd=REPO_ROOT)
+    broker = BrokerProcess(
+        "null", argv, port=port, workdir=workdir, env=env, cwd=REPO_ROOT, cpus=cpus
+    )
     _ready_or_cleanup(broker, timeout)
     return broker
 

@@ -72,17 +72,22 @@ def background_cores(seconds: float = 1.0) -> float:
 
 
 @contextlib.contextmanager
-def started(name: str, edgebus_data_dir: str | None) -> Iterator[brokers.BrokerProcess]:
+def started(
+    name: str,
+    edgebus_data_dir: str | None,
+    cpus: set[int] | None = None,
+    edgebus_args: list[str] | None = None,
+) -> Iterator[brokers.BrokerProcess]:
     if name == "mosquitto":
-        with brokers.start_mosquitto() as broker:
+        with brokers.start_mosquitto(cpus=cpus) as broker:
             yield broker
     elif name == "null":
-        with brokers.start_null_sink(blast=True) as broker:
+        with brokers.start_null_sink(blast=True, cpus=cpus) as broker:
             yield broker
     elif name == "edgebus":
         data_dir = edgebus_data_dir or tempfile.mkdtemp(prefix="bench-edgebus-data-")
         try:
-            with brokers.start_edgebus(data_dir) as broker:
+            with brokers.start_edgebus(data_dir, cpus=cpus, extra_args=edgebus_args) as broker:
                 yield broker
         finally:
             if edgebus_data_dir is None:
@@ -101,9 +106,7 @@ def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
         broker_cpus = {cpus[0]}
         options = replace(options, worker_cpus=tuple(cpus[1:]))
     background = background_cores()
-    with started(name, args.edgebus_data_dir) as broker:
-        if broker_cpus is not None:
-            brokers.pin(broker.pid, broker_cpus)
+    with started(name, args.edgebus_data_dir, broker_cpus, args.edgebus_arg) as broker:
         target = loadgen.Target(broker.host, broker.port, broker.pid, null=name == "null")
         result = loadgen.run_scenario(
             args.scenario,
@@ -206,10 +209,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--pin",
         action=argparse.BooleanOptionalAction,
-        default=False,
-        help="pin the broker to the first CPU and the generator to the others",
+        default=True,
+        help="pin the broker to the first CPU and the generator to the others (default: on)",
     )
     parser.add_argument("--edgebus-data-dir", help="default: a temporary directory")
+    parser.add_argument(
+        "--edgebus-arg",
+        action="append",
+        default=[],
+        help="extra argument for `edgebus.cli edge`, repeatable (e.g. --edgebus-arg=--config "
+        "--edgebus-arg=FILE to lift its per-session queue limits as Mosquitto's are)",
+    )
     parser.add_argument("--output-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

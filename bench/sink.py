@@ -69,7 +69,15 @@ class _SinkConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         assert self.transport is not None
+        if not self.buf:
+            # A flooded QoS 1 subscriber sends nothing but PUBACKs: drop them in bulk.
+            _, used = wire.count_pubacks(data)
+            if used == len(data):
+                return
         self.buf += data
+        _, used = wire.count_pubacks(self.buf)
+        if used:
+            del self.buf[:used]
         acks = bytearray()
         others: list[wire.Packet] = []
         try:

@@ -176,17 +176,14 @@ def _run(args: argparse.Namespace) -> int:
         f"{pipeline_settings.lake} (Ctrl-C stops both)",
         flush=True,
     )
-    rc = 0
     while any(child.poll() is None for child in children):
-        for child in children:
-            if child.poll() is not None and not stopping.is_set():
-                log.error("child %s exited with %s: stopping", child.pid, child.returncode)
-                _forward(signal.SIGTERM, None)
+        if not stopping.is_set() and any(child.poll() is not None for child in children):
+            log.error("a child process exited unexpectedly: stopping the other")
+            _forward(signal.SIGTERM, None)
         with contextlib.suppress(subprocess.TimeoutExpired):
             children[0].wait(timeout=0.5)
-    for child in children:
-        rc = rc or child.returncode
-    return 0 if stopping.is_set() and all(c.returncode == 0 for c in children) else rc or 1
+    codes = [child.returncode for child in children]
+    return 0 if stopping.is_set() and codes == [0, 0] else max(codes) or 1
 
 
 if __name__ == "__main__":

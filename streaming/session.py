@@ -28,6 +28,10 @@ def build_spark(settings: PipelineSettings) -> SparkSession:
         .config("spark.driver.memory", settings.driver_memory)
         .config("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        # The driver talks to its executors on loopback only: nothing listens on the network.
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .getOrCreate()

@@ -1,0 +1,134 @@
+"""Journal → Delta throughput of the pipeline (the history job), rows per second.
+
+    python -m bench.pipeline --records 1000000 --nodes 2
+
+Writes ``records`` journal records of ~200-byte telematics JSON payloads across ``nodes`` nodes
+(as edges would), starts the Spark session (not timed: ~7 s here), then times
+``pipeline.run(once=True)`` from start to caught-up, which includes starting and stopping the
+streaming query. The Delta row count is checked against the journal afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench.compare import RESULTS_DIR, machine_info
+
+
+def telematics_payload(rng: random.Random, vehicle: int, i: int) -> bytes:
+    doc = {
+        "vehicle": f"veh-{vehicle:05d}",
+        "seq": i,
+        "ts": 1_790_000_000 + i,
+        "lat": round(rng.uniform(-90, 90), 6),
+        "lon": round(rng.uniform(-180, 180), 6),
+        "speed_kmh": round(rng.uniform(0, 130), 1),
+        "heading": rng.randrange(360),
+        "fuel_pct": round(rng.uniform(0, 100), 1),
+        "engine": rng.choice(["on", "off", "idle"]),
+        "odometer_km": rng.randrange(1_000_000),
+    }
+    raw = json.dumps(doc, separators=(",", ":")).encode()
+    return raw.ljust(200, b" ")
+
+
+def write_journals(root: Path, records: int, nodes: int) -> None:
+    from ingest.journal import JournalWriter
+
+    rng = random.Random(7)
+    per_node = records // nodes
+    now_us = time.time_ns() // 1000
+    for n in range(nodes):
+        with JournalWriter.open(root, f"node-{n}", fsync=False) as writer:
+            for i in range(per_node):
+                vehicle = rng.randrange(10_000)
+                writer.append(
+                    ts_us=now_us + i,
+                    tenant="default",
+                    client_id=f"veh-{vehicle:05d}",
+                    topic=f"fleet/veh-{vehicle:05d}/telemetry",
+                    qos=1,
+                    retain=False,
+                    payload=telematics_payload(rng, vehicle, i),
+                    content_type="application/json",
+                )
+                if i % 2000 == 1999:
+                    writer.flush()
+            writer.flush()
+
+
+def count_rows(table: Path) -> int:
+    from deltalake import DeltaTable, QueryBuilder
+
+    result = (
+        QueryBuilder().register("t", DeltaTable(str(table))).execute("select count(*) AS n from t")
+    )
+    return int(result.read_all().column("n")[0].as_py())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--nodes", type=int, default=2)
+    parser.add_argument("--max-records-per-batch", type=int, default=200_000)
+    parser.add_argument("--workdir", type=Path, help="keep data here (default: a temp dir)")
+    args = parser.parse_args(argv)
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from streaming import pipeline
+    from streaming.session import build_spark
+    from streaming.settings import PipelineSettings
+
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="edgebus-bench-pipeline-"))
+    try:
+        settings = PipelineSettings(
+            data_dir=work / "data",
+            lake=work / "lake",
+            max_records_per_batch=args.max_records_per_batch,
+        )
+        started = time.perf_counter()
+        write_journals(settings.journal_root, args.records, args.nodes)
+        written = args.records // args.nodes * args.nodes
+        print(f"journal: {written} records in {time.perf_counter() - started:.1f} s", flush=True)
+        spark = build_spark(settings)
+        try:
+            started = time.perf_counter()
+            pipeline.run(settings, once=True, spark=spark)
+            elapsed = time.perf_counter() - started
+        finally:
+            spark.stop()
+        rows = count_rows(settings.table_path("messages"))
+        assert rows == written, f"{rows} rows in messages, {written} journaled"
+        result: dict[str, Any] = {
+            "benchmark": "pipeline journal->delta",
+            "records": written,
+            "nodes": args.nodes,
+            "payload_bytes": 200,
+            "max_records_per_batch": args.max_records_per_batch,
+            "seconds": round(elapsed, 2),
+            "rows_per_s": round(written / elapsed),
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "machine": machine_info(),
+        }
+        print(json.dumps(result, indent=2))
+        RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+        out = RESULTS_DIR / f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-pipeline.json"
+        out.write_text(json.dumps(result, indent=2))
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
