@@ -51,11 +51,14 @@ SESSION_NEVER_EXPIRES = 0xFFFFFFFF
 
 
 class Journal(Protocol):
-    """What the broker needs of the journal: append now, be told when it is durable."""
+    """What the broker needs of the journal: append now, be told when it is durable.
+
+    ``append`` is positional (it runs once per publish): ts_us, tenant, client_id, topic, qos,
+    retain, payload, content_type, user_properties; it returns the record's seq.
+    """
 
     def append(
         self,
-        *,
         ts_us: int,
         tenant: str,
         client_id: str,
@@ -65,6 +68,7 @@ class Journal(Protocol):
         payload: bytes,
         content_type: str | None,
         user_properties: tuple[tuple[str, str], ...],
+        /,
     ) -> int: ...
 
     def after_durable(self, seq: int, callback: Callable[[], None]) -> None: ...
@@ -85,6 +89,12 @@ class Stats:
     bytes_in: int = 0
     bytes_out: int = 0
     dropped: int = 0
+    # MQTT packets of any type and bytes on the wire (listener, flush_dirty), for $SYS.
+    packets_in: int = 0
+    packets_out: int = 0
+    wire_bytes_in: int = 0
+    wire_bytes_out: int = 0
+    sockets_opened: int = 0
 
 
 class Broker:
@@ -102,6 +112,7 @@ class Broker:
         self.connections: dict[tuple[str, str], Connection] = {}
         self.dirty: set[Connection] = set()
         self.stats = Stats()
+        self.valid_topics: set[str] = set()
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -117,6 +128,7 @@ class Broker:
             dirty = self.dirty
             self.dirty = set()
             for conn in dirty:
+                self.stats.packets_out += len(conn.out)  # one emit() per packet
                 conn.flush()
 
     # -- connect / disconnect --------------------------------------------------------------------
@@ -214,52 +226,55 @@ class Broker:
 
     def accept_publish(self, conn: Connection, packet: Publish, now: float) -> int:
         """Journal, retain and route one inbound publish; returns its journal seq."""
-        self.stats.messages_in += 1
-        self.stats.bytes_in += len(packet.payload)
-        return self._accept(conn.tenant, conn.client_id, packet, publisher=conn)
+        stats = self.stats
+        stats.messages_in += 1
+        stats.bytes_in += len(packet.payload)
+        return self._accept(conn.tenant, conn.client_id, packet, conn)
 
     def _accept(
         self, tenant: str, client_id: str, packet: Publish, publisher: Connection | None
     ) -> int:
+        # The per-publish hot path: keep it flat (no helper calls that a branch can avoid).
         props = packet.properties
-        if props.topic_alias is not None or props.subscription_identifiers:
+        if props is not NO_PROPERTIES and (
+            props.topic_alias is not None or props.subscription_identifiers
+        ):
             props = dataclasses.replace(props, topic_alias=None, subscription_identifiers=())
         ts_us = self.wall_clock_us()
+        topic = packet.topic
+        qos = packet.qos
+        retain = packet.retain
         seq = self.journal.append(
-            ts_us=ts_us,
-            tenant=tenant,
-            client_id=client_id,
-            topic=packet.topic,
-            qos=int(packet.qos),
-            retain=packet.retain,
-            payload=packet.payload,
-            content_type=props.content_type,
-            user_properties=props.user_properties,
+            ts_us,
+            tenant,
+            client_id,
+            topic,
+            qos,
+            retain,
+            packet.payload,
+            props.content_type,
+            props.user_properties,
         )
-        message = Message(
-            tenant=tenant,
-            topic=packet.topic,
-            payload=packet.payload,
-            qos=packet.qos,
-            retain=packet.retain,
-            client_id=client_id,
-            ts_us=ts_us,
-            properties=props,
-            seq=seq,
-        )
-        ns = self.namespace(tenant)
-        if packet.retain:
+        message = Message(tenant, topic, packet.payload, qos, retain, client_id, ts_us, props, seq)
+        ns = self.namespaces.get(tenant)
+        if ns is None:
+            ns = self.namespace(tenant)
+        if retain:
             ns.retained.set(message)
-        self._route(ns, message, publisher)
+        matches = ns.subscriptions.match(topic)
+        if matches:
+            self._route(matches, message, publisher)
         return seq
 
     def after_durable(self, seq: int, conn: Connection, packet_id: int, qos: QoS) -> None:
         self.journal.after_durable(seq, lambda: conn.ack_durable(packet_id, qos))
 
-    def _route(self, ns: Namespace, message: Message, publisher: Connection | None) -> None:
-        matches = ns.subscriptions.match(message.topic)
-        if not matches:
-            return
+    def _route(
+        self,
+        matches: list[tuple[str, Subscription]],
+        message: Message,
+        publisher: Connection | None,
+    ) -> None:
         if len(matches) > 1:
             # Overlapping subscriptions of one client: deliver once, at the highest QoS
             # [MQTT-3.3.5-1].
@@ -271,16 +286,22 @@ class Broker:
             matches = list(best.items())
         sessions = self.sessions
         tenant = message.tenant
+        message_qos = message.qos
+        message_retain = message.retain
         for client_id, sub in matches:
             if sub.no_local and publisher is not None and client_id == publisher.client_id:
                 continue  # [MQTT-3.8.3-3]
             session = sessions.get((tenant, client_id))
             if session is None:
                 continue
-            qos = message.qos if message.qos < sub.qos else sub.qos
+            qos = message_qos if message_qos < sub.qos else sub.qos
             # Routed copies carry RETAIN 0 unless retain-as-published [MQTT-3.3.1-9, 3.3.1-12].
-            retain = message.retain and sub.retain_as_published
-            self._deliver(session, message, QoS(qos), retain)
+            retain = message_retain and sub.retain_as_published
+            conn = session.connection
+            if qos == 0 and conn is not None and not conn.write_paused:
+                self._send_qos0(conn, message, retain)  # the common case, straight out
+            else:
+                self._deliver(session, message, QoS(qos), retain)
 
     def _deliver(self, session: Session, message: Message, qos: QoS, retain: bool) -> None:
         conn = session.connection
@@ -306,18 +327,27 @@ class Broker:
             )
         return ok
 
+    def _send_qos0(self, conn: Connection, message: Message, retain: bool) -> None:
+        stats = self.stats
+        stats.messages_out += 1
+        stats.bytes_out += len(message.payload)
+        key = conn.version * 2 + retain
+        encoded = message.encoded
+        if encoded is None:
+            encoded = message.encoded = {}
+        data = encoded.get(key)
+        if data is None:
+            data = encoded[key] = self._encode(conn, message, QoS.AT_MOST_ONCE, retain, None)
+        conn.emit(data)
+
     def _send(
         self, conn: Connection, session: Session, message: Message, qos: QoS, retain: bool
     ) -> None:
+        if qos == QoS.AT_MOST_ONCE:
+            self._send_qos0(conn, message, retain)
+            return
         self.stats.messages_out += 1
         self.stats.bytes_out += len(message.payload)
-        if qos == QoS.AT_MOST_ONCE:
-            key = (int(conn.version), retain)
-            data = message.encoded.get(key)
-            if data is None:
-                data = message.encoded[key] = self._encode(conn, message, qos, retain, None)
-            conn.emit(data)
-            return
         pid = session.next_packet_id()
         assert pid is not None  # the window is far below 65535
         state = OutState.AWAIT_PUBACK if qos == QoS.AT_LEAST_ONCE else OutState.AWAIT_PUBREC
@@ -431,6 +461,19 @@ class Broker:
                 and now - at >= session.expiry_interval
             ):
                 self._drop_session(session)
+
+    def publish_system(self, topic: str, payload: bytes) -> None:
+        """Retain and route one broker-made ``$SYS`` message (QoS 0) without the journal: it is
+        derived state, regenerated every interval (see ``broker_edge.sysstats``). Default
+        tenant's namespace until tenants decide who sees node statistics."""
+        ns = self.namespace(DEFAULT_TENANT)
+        message = Message(
+            DEFAULT_TENANT, topic, payload, QoS.AT_MOST_ONCE, True, "", self.wall_clock_us()
+        )
+        ns.retained.set(message)
+        matches = ns.subscriptions.match(topic)
+        if matches:
+            self._route(matches, message, None)
 
     def log_malformed(self, conn: Connection, exc: ProtocolError) -> None:
         log.warning(

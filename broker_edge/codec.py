@@ -906,7 +906,7 @@ class Decoder:
 _NO_PROPERTIES_BYTES: Final = b"\x00"
 
 
-def encode_publish(  # noqa: PLR0917 -- positional on purpose: the delivery hot path
+def encode_publish(  # positional on purpose: the delivery hot path
     topic: str | bytes,
     payload: bytes,
     qos: int,

@@ -42,7 +42,6 @@ class GroupCommitter:
 
     def append(
         self,
-        *,
         ts_us: int,
         tenant: str,
         client_id: str,
@@ -52,6 +51,7 @@ class GroupCommitter:
         payload: bytes,
         content_type: str | None,
         user_properties: tuple[tuple[str, str], ...],
+        /,
     ) -> int:
         seq = self._writer.append(
             ts_us=ts_us,
@@ -64,7 +64,8 @@ class GroupCommitter:
             content_type=content_type,
             user_properties=user_properties,
         )
-        self._wake.set()
+        if not self._wake.is_set():
+            self._wake.set()
         return seq
 
     def after_durable(self, seq: int, callback: Callable[[], None]) -> None:

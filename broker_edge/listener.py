@@ -6,6 +6,9 @@ got output (one ``transport.write`` each). This is also the one place where an e
 becomes a DISCONNECT reason code: a :class:`ProtocolError` closes only that connection.
 Transport flow control maps onto the session: while a subscriber's socket buffer is over the
 high-water mark its deliveries wait in its bounded session queue.
+
+What crosses the wire is counted here for ``$SYS``: sockets accepted, bytes read and written,
+and packets received (framed by a :class:`~broker_edge.sysstats.PacketCounter`, without decoding).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from broker_edge.broker import Broker
 from broker_edge.connection import Connection, ConnState
 from broker_edge.errors import ProtocolError
 from broker_edge.packets import ReasonCode
+from broker_edge.sysstats import PacketCounter
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +32,7 @@ class MqttProtocol(asyncio.Protocol):
         self._loop = loop
         self._transport: asyncio.Transport | None = None
         self._conn: Connection | None = None
+        self._packets = PacketCounter()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
@@ -35,15 +40,25 @@ class MqttProtocol(asyncio.Protocol):
         self._transport = transport
         peer = transport.get_extra_info("peername")
         conn = Connection(self._broker, f"{peer[0]}:{peer[1]}" if peer else "?", self._loop.time())
-        conn.write = transport.write
+        conn.write = self._write
         conn.close_transport = transport.close
         high = self._broker.settings.write_buffer_high_water
         transport.set_write_buffer_limits(high=high, low=high // 4)
         self._conn = conn
+        self._broker.stats.sockets_opened += 1
+
+    def _write(self, data: bytes) -> None:
+        self._broker.stats.wire_bytes_out += len(data)
+        transport = self._transport
+        assert transport is not None
+        transport.write(data)
 
     def data_received(self, data: bytes) -> None:
         conn = self._conn
         assert conn is not None
+        stats = self._broker.stats
+        stats.wire_bytes_in += len(data)
+        stats.packets_in += self._packets.feed(data)
         try:
             conn.receive(data, self._loop.time())
         except ProtocolError as exc:

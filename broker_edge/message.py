@@ -2,27 +2,58 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from broker_edge.packets import NO_PROPERTIES, Properties, QoS
 
 
-@dataclass(frozen=True, slots=True)
 class Message:
-    """One accepted PUBLISH. ``seq`` is its journal sequence number on this node (0 = not journaled,
-    e.g. a will message that was never published)."""
+    """One accepted PUBLISH. ``seq`` is its journal sequence number on this node (0 = not
+    journaled). Treated as immutable once built.
 
-    tenant: str
-    topic: str
-    payload: bytes
-    qos: QoS
-    retain: bool
-    client_id: str
-    ts_us: int
-    properties: Properties = NO_PROPERTIES
-    seq: int = 0
-    # Encoded QoS 0 deliveries keyed by (protocol version, retain flag): every QoS 0 subscriber of
-    # the same version gets the same bytes, so a fan-out encodes once.
-    encoded: dict[tuple[int, bool], bytes] = field(
-        default_factory=dict, compare=False, hash=False, repr=False
+    A plain ``__slots__`` class rather than a frozen dataclass: one is built per publish, and a
+    frozen dataclass's ``__init__`` (``object.__setattr__`` per field) costs a visible share of
+    the per-message budget.
+    """
+
+    __slots__ = (
+        "client_id",
+        "encoded",
+        "payload",
+        "properties",
+        "qos",
+        "retain",
+        "seq",
+        "tenant",
+        "topic",
+        "ts_us",
     )
+
+    def __init__(
+        self,
+        tenant: str,
+        topic: str,
+        payload: bytes,
+        qos: QoS,
+        retain: bool,
+        client_id: str,
+        ts_us: int,
+        properties: Properties = NO_PROPERTIES,
+        seq: int = 0,
+    ) -> None:
+        self.tenant = tenant
+        self.topic = topic
+        self.payload = payload
+        self.qos = qos
+        self.retain = retain
+        self.client_id = client_id
+        self.ts_us = ts_us
+        self.properties = properties
+        self.seq = seq
+        # Encoded QoS 0 deliveries keyed by protocol version * 2 + retain flag: every QoS 0
+        # subscriber of one version gets the same bytes, so a fan-out encodes once.
+        self.encoded: dict[int, bytes] | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"Message({self.tenant!r}, {self.topic!r}, {len(self.payload)} B, qos={int(self.qos)},"
+            f" retain={self.retain}, seq={self.seq})"
+        )

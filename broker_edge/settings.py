@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,8 @@ class EdgeSettings:
     max_queued_messages: int = 1_000
     max_inflight_messages: int = 100
     write_buffer_high_water: int = 1 * 2**20
+    # Seconds between $SYS/broker/... statistics updates (Mosquitto's sys_interval); 0 disables.
+    sys_interval: float = 10.0
 
     def __post_init__(self) -> None:
         _require(0 <= self.port <= 65_535, "edge.port", f"must be 0..65535, got {self.port}")
@@ -55,6 +58,11 @@ class EdgeSettings:
         for key in ("max_queued_messages", "max_inflight_messages", "write_buffer_high_water"):
             value = getattr(self, key)
             _require(value >= 1, f"edge.{key}", f"must be >= 1, got {value}")
+        _require(
+            math.isfinite(self.sys_interval) and self.sys_interval >= 0,
+            "edge.sys_interval",
+            f"must be a number of seconds >= 0 (0 disables $SYS), got {self.sys_interval}",
+        )
 
     @property
     def journal_root(self) -> Path:

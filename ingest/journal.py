@@ -284,7 +284,9 @@ class PendingFrame:
         arrays = [
             pa.array([self.node] * n, pa.string()),
             pa.array(range(self.first_seq, self.first_seq + n), pa.int64()),
-            pa.array(b.ts, _TS_TYPE),
+            # int64 then a zero-copy view: converting Python ints straight to a tz-aware
+            # timestamp costs ~80x more (2.4 us a value), the whole group commit's budget.
+            pa.array(b.ts, pa.int64()).view(_TS_TYPE),
             pa.array(b.tenant, pa.string()),
             pa.array(b.client_id, pa.string()),
             pa.array(b.topic, pa.string()),

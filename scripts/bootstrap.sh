@@ -17,11 +17,12 @@ fi
 "$PY" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)' \
   || die "Python 3.11 is required; $PY is $("$PY" -c 'import sys; print(sys.version.split()[0])')."
 
-command -v java >/dev/null 2>&1 \
-  || die "Java 17+ is required for Spark: no 'java' on PATH (Debian: apt-get install openjdk-17-jre-headless)."
-JAVA_MAJOR="$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n1)"
+JAVA="${EDGEBUS_JAVA:-java}"  # EDGEBUS_JAVA: another java binary (the tests use it too)
+command -v "$JAVA" >/dev/null 2>&1 \
+  || die "Java 17+ is required for Spark: no '$JAVA' on PATH (Debian: apt-get install openjdk-17-jre-headless)."
+JAVA_MAJOR="$("$JAVA" -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n1)"
 [[ -n "$JAVA_MAJOR" && "$JAVA_MAJOR" -ge 17 ]] \
-  || die "Java 17+ is required for Spark; found: $(java -version 2>&1 | head -n1)."
+  || die "Java 17+ is required for Spark; found: $("$JAVA" -version 2>&1 | head -n1)."
 
 if [[ ! -x .venv/bin/python ]]; then
   echo "edgebus setup: creating .venv with $PY" >&2

@@ -34,8 +34,10 @@ class FakeJournal:
         self.durable = 0
         self.waiters: list[tuple[int, Callable[[], None]]] = []
 
-    def append(self, **fields: object) -> int:
-        self.records.append(fields)
+    FIELDS = ("ts_us", "tenant", "client_id", "topic", "qos", "retain", "payload")
+
+    def append(self, *values: object) -> int:
+        self.records.append(dict(zip(self.FIELDS, values, strict=False)))
         return len(self.records)
 
     def after_durable(self, seq: int, callback: Callable[[], None]) -> None:

@@ -1,0 +1,39 @@
+"""The set-up script refuses a machine without Java 17+ with a clear message, before installing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bootstrap(java: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "EDGEBUS_JAVA": java}
+    return subprocess.run(
+        ["bash", "-c", f"source {ROOT / 'scripts' / 'bootstrap.sh'}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_missing_java_is_named(tmp_path: Path) -> None:
+    result = _bootstrap(str(tmp_path / "no-java-here"))
+    assert result.returncode == 1
+    assert "Java 17+ is required for Spark: no" in result.stderr
+
+
+@pytest.mark.parametrize("version", ['openjdk version "11.0.22" 2024-01-16', "garbage"])
+def test_old_java_is_refused(tmp_path: Path, version: str) -> None:
+    fake = tmp_path / "java"
+    fake.write_text(f"#!/bin/sh\necho '{version}' >&2\n")
+    fake.chmod(0o755)
+    result = _bootstrap(str(fake))
+    assert result.returncode == 1
+    assert "Java 17+ is required for Spark; found:" in result.stderr
