@@ -113,6 +113,9 @@ class Broker:
         self.dirty: set[Connection] = set()
         self.stats = Stats()
         self.valid_topics: set[str] = set()
+        # Set when a persistent session's shape changes (created, subscribed, dropped): the node
+        # then snapshots soon, so a crash cannot forget a subscription for long.
+        self.state_changed = False
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -167,6 +170,8 @@ class Broker:
             self.sessions[key] = session
         session.expiry_interval = expiry
         session.clean = expiry == 0
+        if not session.clean:
+            self.state_changed = True
         session.connection = conn
         session.disconnected_at = None
         self.connections[key] = conn
@@ -206,6 +211,8 @@ class Broker:
                 self._drop_session(session)
 
     def _drop_session(self, session: Session) -> None:
+        if not session.clean:
+            self.state_changed = True
         ns = self.namespace(session.tenant)
         for topic_filter in session.subscriptions:
             ns.subscriptions.remove(topic_filter, session.client_id)
@@ -419,6 +426,8 @@ class Broker:
         session = conn.session
         assert session is not None
         ns = self.namespace(conn.tenant)
+        if not session.clean:
+            self.state_changed = True
         for sub in subscriptions:
             is_new = ns.subscriptions.add(sub.topic_filter, conn.client_id, sub)
             session.subscriptions[sub.topic_filter] = sub
@@ -435,11 +444,41 @@ class Broker:
         session = conn.session
         assert session is not None
         ns = self.namespace(conn.tenant)
+        if not session.clean:
+            self.state_changed = True
         found = []
         for topic_filter in topic_filters:
             session.subscriptions.pop(topic_filter, None)
             found.append(ns.subscriptions.remove(topic_filter, conn.client_id))
         return found
+
+    # -- persistence (see broker_edge.store) ------------------------------------------------
+
+    def persistent_sessions(self) -> list[Session]:
+        return [s for s in self.sessions.values() if not s.clean]
+
+    def retained_messages(self) -> list[Message]:
+        return [m for ns in self.namespaces.values() for m in ns.retained.all()]
+
+    def restore(self, sessions: Iterable[Session], retained: Iterable[Message]) -> None:
+        """Install sessions and retained messages read from a snapshot (before serving)."""
+        for session in sessions:
+            self.sessions[(session.tenant, session.client_id)] = session
+            ns = self.namespace(session.tenant)
+            for topic_filter, sub in session.subscriptions.items():
+                ns.subscriptions.add(topic_filter, session.client_id, sub)
+        for message in retained:
+            self.namespace(message.tenant).retained.set(message)
+
+    def replay(self, message: Message) -> None:
+        """Re-apply a journal record written after the snapshot: retain it, queue it for the
+        (offline) persistent sessions it matches. Not journaled again, not counted."""
+        ns = self.namespace(message.tenant)
+        if message.retain:
+            ns.retained.set(message)
+        matches = ns.subscriptions.match(message.topic)
+        if matches:
+            self._route(matches, message, None)
 
     # -- housekeeping --------------------------------------------------------------------------
 

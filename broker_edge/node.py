@@ -11,15 +11,19 @@ import asyncio
 import contextlib
 import logging
 import socket
+from pathlib import Path
 from types import TracebackType
+from typing import Any
 
+from broker_edge import store
 from broker_edge.broker import Broker
 from broker_edge.durability import GroupCommitter
 from broker_edge.listener import MqttProtocol
-from broker_edge.packets import ReasonCode
+from broker_edge.message import Message
+from broker_edge.packets import QoS, ReasonCode
 from broker_edge.settings import EdgeSettings
 from broker_edge.sysstats import SysTree, installed_version, sample
-from ingest.journal import JournalWriter
+from ingest.journal import JournalReader, JournalWriter
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +40,7 @@ class EdgeNode:
         self._committer: GroupCommitter | None = None
         self._housekeeping: asyncio.Task[None] | None = None
         self._sys: asyncio.Task[None] | None = None
+        self._snapshots: asyncio.Task[None] | None = None
         self.started_at = 0.0  # event loop time
         self.broker: Broker | None = None
 
@@ -66,9 +71,10 @@ class EdgeNode:
         committer = GroupCommitter(writer)
         broker = Broker(settings, committer)
         committer.on_commit = broker.flush_dirty
+        self.broker = broker
+        await self._restore(broker, writer.next_seq - 1)
         committer.start()
         self._committer = committer
-        self.broker = broker
         self._server = await loop.create_server(
             lambda: MqttProtocol(broker, loop),
             host=settings.host,
@@ -80,6 +86,7 @@ class EdgeNode:
         self.port = sock.getsockname()[1]
         self.started_at = loop.time()
         self._housekeeping = loop.create_task(self._housekeep(), name="housekeeping")
+        self._snapshots = loop.create_task(self._snapshot_loop(), name="snapshots")
         if settings.sys_interval > 0:
             self._sys = loop.create_task(self._publish_sys(settings.sys_interval), name="sys")
         log.info(
@@ -91,6 +98,80 @@ class EdgeNode:
             settings.journal_fsync,
             writer.next_seq,
         )
+
+    @property
+    def snapshot_path(self) -> Path:
+        return self.settings.data_dir / "state" / self.settings.node_id / store.SNAPSHOT_NAME
+
+    async def _restore(self, broker: Broker, last_seq: int) -> None:
+        """Snapshot, then the journal after it: persistent sessions and retained messages."""
+        loop = asyncio.get_running_loop()
+        settings = self.settings
+        snapshot = await loop.run_in_executor(
+            None,
+            lambda: store.load(
+                self.snapshot_path,
+                max_queued=settings.max_queued_messages,
+                max_inflight=settings.max_inflight_messages,
+                now=loop.time(),
+            ),
+        )
+        after = 0
+        if snapshot is not None:
+            broker.restore(snapshot.sessions, snapshot.retained)
+            after = min(snapshot.journal_seq, last_seq)
+        replayed = 0
+        if last_seq > after:
+            reader = JournalReader(settings.journal_root / settings.node_id)
+            for batch in reader.read(after, last_seq):
+                for row in batch.to_pylist():
+                    broker.replay(_message_from_row(row))
+                    replayed += 1
+        self._snapshot_seq = last_seq
+        log.info(
+            "restored %d persistent session(s), %d retained message(s); replayed %d journal "
+            "record(s) after seq %d",
+            len(broker.persistent_sessions()),
+            len(broker.retained_messages()),
+            replayed,
+            after,
+        )
+
+    async def _snapshot_loop(self) -> None:
+        """Snapshot within a second of a persistent-session change, and every
+        ``state_snapshot_interval`` seconds while publishes flow (bounds crash replay)."""
+        loop = asyncio.get_running_loop()
+        broker = self.broker
+        committer = self._committer
+        assert broker is not None
+        assert committer is not None
+        last = loop.time()
+        interval = self.settings.state_snapshot_interval
+        while True:
+            await asyncio.sleep(HOUSEKEEPING_INTERVAL)
+            stale = committer.appended_seq > self._snapshot_seq and loop.time() - last >= interval
+            if broker.state_changed or stale:
+                await self._snapshot()
+                last = loop.time()
+
+    async def _snapshot(self) -> None:
+        """Encode the state on the loop (consistent), write it once the journal records it
+        covers are durable (so it never claims a seq a crash could still take back)."""
+        broker = self.broker
+        committer = self._committer
+        assert broker is not None
+        assert committer is not None
+        broker.state_changed = False
+        seq = committer.appended_seq
+        data = store.encode(seq, broker.persistent_sessions(), broker.retained_messages())
+        while committer.durable_seq < seq and committer.failure is None:
+            await asyncio.sleep(0.005)
+        if committer.failure is not None:
+            return
+        await asyncio.get_running_loop().run_in_executor(
+            None, store.write_encoded, self.snapshot_path, data
+        )
+        self._snapshot_seq = seq
 
     async def _housekeep(self) -> None:
         loop = asyncio.get_running_loop()
@@ -126,7 +207,7 @@ class EdgeNode:
         """Stop accepting, close clients (MQTT 5: DISCONNECT 0x8B), flush the journal."""
         if self._server is not None:
             self._server.close()
-        for task in (self._housekeeping, self._sys):
+        for task in (self._housekeeping, self._sys, self._snapshots):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -136,6 +217,30 @@ class EdgeNode:
         if self._committer is not None:
             await self._committer.close()
             log.info("journal flushed up to seq %d", self._committer.durable_seq)
+            if self.broker is not None and self._committer.failure is None:
+                await self._snapshot()
         if self._server is not None:
             await self._server.wait_closed()
         self._server = None
+
+
+def _message_from_row(row: dict[str, Any]) -> Message:
+    """A journal record (JOURNAL_SCHEMA row) back into a Message, for replay."""
+    from broker_edge.packets import NO_PROPERTIES, Properties
+
+    props = NO_PROPERTIES
+    user_properties = tuple((p["key"], p["value"]) for p in row["user_properties"] or ())
+    if row["content_type"] is not None or user_properties:
+        props = Properties(content_type=row["content_type"], user_properties=user_properties)
+    ts = row["ts"]
+    return Message(
+        row["tenant"],
+        row["topic"],
+        row["payload"],
+        QoS(row["qos"]),
+        row["retain"],
+        row["client_id"],
+        int(ts.timestamp() * 1_000_000),
+        props,
+        row["seq"],
+    )

@@ -22,6 +22,10 @@ class EdgeSettings:
     # Journal: fsync every group commit before acknowledging QoS 1/2 (the durable default).
     journal_fsync: bool = True
     journal_segment_bytes: int = 64 * 2**20
+    # Persistent sessions and retained messages: snapshot at most this often while publishes
+    # flow (a crash replays the journal after the last snapshot), and within a second of any
+    # change to a persistent session.
+    state_snapshot_interval: float = 60.0
     # Protocol limits.
     max_packet_size: int = MAX_REMAINING_LENGTH + 5
     max_keepalive: int = 65_535
@@ -39,6 +43,11 @@ class EdgeSettings:
             bool(self.node_id) and "/" not in self.node_id and self.node_id not in {".", ".."},
             "edge.node_id",
             f"must be a non-empty name without '/', got {self.node_id!r}",
+        )
+        _require(
+            self.state_snapshot_interval > 0,
+            "edge.state_snapshot_interval",
+            f"must be > 0, got {self.state_snapshot_interval}",
         )
         _require(
             self.journal_segment_bytes >= 4096,

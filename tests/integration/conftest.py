@@ -154,15 +154,16 @@ class Client:
 
 
 @pytest.fixture
-def connect(edge: RunningEdge) -> Iterator[Any]:
+def make_client() -> Iterator[Any]:
+    """Connect paho clients to any edge (``port`` required); no edge is started here."""
     clients: list[Client] = []
 
-    def _connect(
+    def _make(
         client_id: str | None = None,
         *,
         protocol: int = mqtt.MQTTv311,
         clean_session: bool = True,
-        port: int | None = None,
+        port: int,
         keepalive: int = 60,
         will: tuple[str, bytes, int, bool] | None = None,
     ) -> Client:
@@ -180,7 +181,7 @@ def connect(edge: RunningEdge) -> Iterator[Any]:
         paho.on_disconnect = lambda c, u, flags, rc, props: client.disconnected.set()
         if will is not None:
             paho.will_set(*will)
-        paho.connect("127.0.0.1", port or edge.port, keepalive=keepalive)
+        paho.connect("127.0.0.1", port, keepalive=keepalive)
         paho.loop_start()
         flags, rc = connected.get(timeout=TIMEOUT)
         assert not rc.is_failure, rc
@@ -188,6 +189,18 @@ def connect(edge: RunningEdge) -> Iterator[Any]:
         clients.append(client)
         return client
 
-    yield _connect
+    yield _make
     for client in clients:
         client.close()
+
+
+@pytest.fixture
+def connect(edge: RunningEdge, make_client: Any) -> Any:
+    """Connect paho clients to the ``edge`` fixture's node."""
+
+    def _connect(client_id: str | None = None, **kwargs: Any) -> Client:
+        kwargs.setdefault("port", edge.port)
+        client: Client = make_client(client_id, **kwargs)
+        return client
+
+    return _connect

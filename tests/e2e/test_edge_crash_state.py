@@ -1,0 +1,95 @@
+"""A SIGKILLed edge rebuilds persistent sessions, queues and retained messages on restart:
+the last snapshot plus the journal records after it."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+
+def _edge(data_dir: Path) -> tuple[subprocess.Popen[bytes], int]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "edgebus.cli", "--log-level", "WARNING", "edge"]
+        + ["--listen", "127.0.0.1:0", "--data-dir", str(data_dir), "--node-id", "crash"],
+        stdout=subprocess.PIPE,
+        env={**os.environ},
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline().decode()
+    assert " listening on 127.0.0.1:" in line, line
+    return proc, int(line.rsplit(":", 1)[1])
+
+
+def _client(port: int, client_id: str, inbox: queue.Queue[mqtt.MQTTMessage]) -> mqtt.Client:
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=False)
+    connected: queue.Queue[bool] = queue.Queue()
+    client.on_connect = lambda c, u, flags, rc, p: connected.put(flags.session_present)
+    client.on_message = lambda c, u, m: inbox.put(m)
+    client.connect("127.0.0.1", port)
+    client.loop_start()
+    client.session_present = connected.get(timeout=10)  # type: ignore[attr-defined]
+    return client
+
+
+def test_sigkilled_edge_rebuilds_sessions_queues_and_retained(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    edge, port = _edge(data_dir)
+    inbox: queue.Queue[mqtt.MQTTMessage] = queue.Queue()
+    sub = _client(port, "crash-sub", inbox)
+    done: queue.Queue[int] = queue.Queue()
+    sub.on_subscribe = lambda c, u, mid, codes, p: done.put(mid)
+    sub.subscribe("fleet/#", qos=1)
+    done.get(timeout=10)
+    sub.disconnect()
+    sub.loop_stop()
+    # The new persistent subscription reaches a snapshot within about a second.
+    snapshot = data_dir / "state" / "crash" / "snapshot.json"
+    deadline = time.monotonic() + 10
+    while b"crash-sub" not in (snapshot.read_bytes() if snapshot.exists() else b""):
+        assert time.monotonic() < deadline, "no snapshot with the session"
+        time.sleep(0.05)
+
+    pub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="crash-pub")
+    pub.connect("127.0.0.1", port)
+    pub.loop_start()
+    infos = [pub.publish("fleet/v1/pos", f"p{i}".encode(), qos=1) for i in range(20)]
+    infos.append(pub.publish("fleet/v1/config", b"retained-cfg", qos=1, retain=True))
+    for info in infos:
+        info.wait_for_publish(10)
+        assert info.is_published()
+    pub.disconnect()
+    pub.loop_stop()
+    edge.send_signal(signal.SIGKILL)
+    edge.wait(10)
+
+    edge, port = _edge(data_dir)
+    try:
+        again = _client(port, "crash-sub", inbox)
+        assert again.session_present  # type: ignore[attr-defined]
+        got = [inbox.get(timeout=10).payload for _ in range(21)]
+        assert got == [f"p{i}".encode() for i in range(20)] + [b"retained-cfg"]
+        again.disconnect()
+        again.loop_stop()
+        late: queue.Queue[mqtt.MQTTMessage] = queue.Queue()
+        viewer = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="viewer")
+        viewer.on_message = lambda c, u, m: late.put(m)
+        viewer.connect("127.0.0.1", port)
+        viewer.loop_start()
+        viewer.subscribe("fleet/+/config", qos=1)
+        msg = late.get(timeout=10)
+        assert (msg.payload, msg.retain) == (b"retained-cfg", True)
+        viewer.disconnect()
+        viewer.loop_stop()
+    finally:
+        edge.send_signal(signal.SIGTERM)
+        assert edge.wait(20) == 0
