@@ -42,6 +42,7 @@ from broker_edge.packets import (
 from broker_edge.retained import RetainedStore
 from broker_edge.session import Outbound, OutState, Pending, Session
 from broker_edge.settings import EdgeSettings
+from broker_edge.topics import parse_subscription_filter
 from broker_edge.trie import TopicTrie
 from schemas.journal import DEFAULT_TENANT
 
@@ -73,13 +74,49 @@ class Journal(Protocol):
 
     def after_durable(self, seq: int, callback: Callable[[], None]) -> None: ...
 
+    @property
+    def backlog(self) -> int:
+        """Records appended and not yet durable."""
+        ...
+
+
+@dataclass(slots=True)
+class SharedGroup:
+    """A shared subscription ``$share/{group}/{filter}``: each message goes to one member,
+    round-robin, preferring members that are connected and can take it [MQTT-4.8.2]."""
+
+    members: dict[str, Subscription] = field(default_factory=dict)
+    cursor: int = 0
+
+    def pick(self, sessions: dict[tuple[str, str], Session], tenant: str) -> str | None:
+        ids = list(self.members)
+        n = len(ids)
+        for i in range(n):
+            client_id = ids[(self.cursor + i) % n]
+            session = sessions.get((tenant, client_id))
+            if session is not None and session.connection is not None and session.window_open():
+                self.cursor = (self.cursor + i + 1) % n
+                return client_id
+        if not n:
+            return None
+        client_id = ids[self.cursor % n]  # nobody can take it now: queue it for the next one
+        self.cursor = (self.cursor + 1) % n
+        return client_id
+
+
+# Trie entries: a client's own subscription (key: client id) or a shared group
+# (key: ("$share", group)).
+TrieKey = str | tuple[str, str]
+TrieValue = Subscription | SharedGroup
+
 
 @dataclass(slots=True)
 class Namespace:
     """One tenant's routing world."""
 
-    subscriptions: TopicTrie[str, Subscription] = field(default_factory=TopicTrie)
+    subscriptions: TopicTrie[TrieKey, TrieValue] = field(default_factory=TopicTrie)
     retained: RetainedStore = field(default_factory=RetainedStore)
+    shared: dict[tuple[str, str], SharedGroup] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -116,6 +153,10 @@ class Broker:
         # Set when a persistent session's shape changes (created, subscribed, dropped): the node
         # then snapshots soon, so a crash cannot forget a subscription for long.
         self.state_changed = False
+        # Wills waiting for their delay [MQTT-3.1.3-9]: (tenant, client id) -> (due, will).
+        self.pending_wills: dict[tuple[str, str], tuple[float, Publish]] = {}
+        # Publishers whose reads are paused until the journal catches up.
+        self.paused_readers: set[Connection] = set()
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -154,6 +195,7 @@ class Broker:
             expiry = packet.properties.session_expiry_interval or 0
         else:
             expiry = 0 if packet.clean_start else SESSION_NEVER_EXPIRES
+        self.pending_wills.pop(key, None)  # reconnected in time: no will [MQTT-3.1.3-9]
         session = self.sessions.get(key)
         present = session is not None and not packet.clean_start
         if session is not None and packet.clean_start:
@@ -166,8 +208,12 @@ class Broker:
                 clean=packet.clean_start,
                 max_queued=self.settings.max_queued_messages,
                 max_inflight=self.settings.max_inflight_messages,
+                max_queued_bytes=self.settings.max_queued_bytes,
             )
             self.sessions[key] = session
+        # Never more unacknowledged deliveries than the client's receive maximum
+        # [MQTT-3.3.4-7].
+        session.max_inflight = min(self.settings.max_inflight_messages, conn.receive_maximum_out)
         session.expiry_interval = expiry
         session.clean = expiry == 0
         if not session.clean:
@@ -184,18 +230,39 @@ class Broker:
             if out.state is OutState.AWAIT_PUBCOMP:
                 conn.send(Pubrel(packet_id=pid))
             else:
-                conn.emit(self._encode(conn, out.message, out.qos, out.retain, pid, dup=True))
+                data = self._encode(
+                    conn,
+                    out.message,
+                    out.qos,
+                    out.retain,
+                    pid,
+                    dup=True,
+                    sub_ids=out.subscription_ids,
+                )
+                if data is not None:
+                    conn.emit(data)
         self._drain_queue(session)
 
     def connection_lost(self, conn: Connection, now: float) -> None:
-        if conn.session is None:
+        session = conn.session
+        if session is None:
             return
         will = conn.will
+        conn.will = None
         self._detach(conn, now)
-        if will is not None and not conn.clean_disconnect:
-            # The network connection closed without DISCONNECT: publish the will [MQTT-3.1.2-8].
-            conn.will = None
-            self._publish_will(conn, will)
+        if will is None or conn.clean_disconnect:
+            return
+        # The network connection closed without DISCONNECT: the will [MQTT-3.1.2-8], after its
+        # delay or when the session ends, whichever comes first [MQTT-3.1.3-9].
+        key = (conn.tenant, conn.client_id)
+        taken_over = key in self.connections
+        if conn.will_delay == 0:
+            self._publish_will(conn.tenant, conn.client_id, will)
+        elif not taken_over and self.sessions.get(key) is session:
+            delay = min(conn.will_delay, session.expiry_interval)
+            self.pending_wills[key] = (now + delay, will)
+        elif not taken_over:
+            self._publish_will(conn.tenant, conn.client_id, will)  # the session already ended
 
     def _detach(self, conn: Connection, now: float) -> None:
         session = conn.session
@@ -215,19 +282,23 @@ class Broker:
             self.state_changed = True
         ns = self.namespace(session.tenant)
         for topic_filter in session.subscriptions:
-            ns.subscriptions.remove(topic_filter, session.client_id)
+            self._remove_subscription(ns, session.client_id, topic_filter)
         session.subscriptions.clear()
+        session.subscription_ids.clear()
         session.inflight.clear()
-        session.queue.clear()
+        session.clear_queue()
         key = (session.tenant, session.client_id)
         if self.sessions.get(key) is session:
             del self.sessions[key]
+        pending = self.pending_wills.pop(key, None)
+        if pending is not None:
+            self._publish_will(session.tenant, session.client_id, pending[1])
 
-    def _publish_will(self, conn: Connection, will: Publish) -> None:
+    def _publish_will(self, tenant: str, client_id: str, will: Publish) -> None:
         try:
-            self._accept(conn.tenant, conn.client_id, will, publisher=None)
+            self._accept(tenant, client_id, will, publisher=None)
         except ProtocolError as exc:
-            log.warning("will of %s not published: %s", conn.client_id, exc)
+            log.warning("will of %s not published: %s", client_id, exc)
 
     # -- publish ---------------------------------------------------------------------------------
 
@@ -278,63 +349,117 @@ class Broker:
 
     def _route(
         self,
-        matches: list[tuple[str, Subscription]],
+        matches: list[tuple[TrieKey, TrieValue]],
         message: Message,
         publisher: Connection | None,
     ) -> None:
-        if len(matches) > 1:
-            # Overlapping subscriptions of one client: deliver once, at the highest QoS
-            # [MQTT-3.3.5-1].
-            best: dict[str, Subscription] = {}
-            for client_id, sub in matches:
-                have = best.get(client_id)
-                if have is None or sub.qos > have.qos:
-                    best[client_id] = sub
-            matches = list(best.items())
         sessions = self.sessions
         tenant = message.tenant
-        message_qos = message.qos
-        message_retain = message.retain
-        for client_id, sub in matches:
-            if sub.no_local and publisher is not None and client_id == publisher.client_id:
-                continue  # [MQTT-3.8.3-3]
+        if len(matches) == 1 and type(matches[0][1]) is Subscription:
+            # The common case: one plain subscription, no overlap to resolve.
+            client_id, sub = matches[0]
+            assert isinstance(client_id, str)
+            assert isinstance(sub, Subscription)
             session = sessions.get((tenant, client_id))
-            if session is None:
-                continue
-            qos = message_qos if message_qos < sub.qos else sub.qos
-            # Routed copies carry RETAIN 0 unless retain-as-published [MQTT-3.3.1-9, 3.3.1-12].
-            retain = message_retain and sub.retain_as_published
-            conn = session.connection
-            if qos == 0 and conn is not None and not conn.write_paused:
-                self._send_qos0(conn, message, retain)  # the common case, straight out
+            if session is not None:
+                self._to_session(session, message, sub, publisher, ())
+            return
+        # Overlapping subscriptions of one client: one delivery at the highest QoS
+        # [MQTT-3.3.5-1], carrying every matching subscription identifier [MQTT-3.3.4-3].
+        # Each shared group picks one member [MQTT-4.8.2-?].
+        best: dict[str, Subscription] = {}
+        ids: dict[str, list[int]] = {}
+        for key, value in matches:
+            if type(value) is SharedGroup:
+                picked = value.pick(sessions, tenant)
+                if picked is None:
+                    continue
+                client_id = picked
+                sub = value.members[picked]
             else:
-                self._deliver(session, message, QoS(qos), retain)
+                assert isinstance(key, str)
+                assert isinstance(value, Subscription)
+                client_id, sub = key, value
+            have = best.get(client_id)
+            if have is None or sub.qos > have.qos:
+                best[client_id] = sub
+            session = sessions.get((tenant, client_id))
+            if session is not None and session.subscription_ids:
+                sub_id = session.subscription_ids.get(sub.topic_filter)
+                if sub_id is not None:
+                    ids.setdefault(client_id, []).append(sub_id)
+        for client_id, sub in best.items():
+            session = sessions.get((tenant, client_id))
+            if session is not None:
+                self._to_session(session, message, sub, publisher, tuple(ids.get(client_id, ())))
 
-    def _deliver(self, session: Session, message: Message, qos: QoS, retain: bool) -> None:
+    def _to_session(
+        self,
+        session: Session,
+        message: Message,
+        sub: Subscription,
+        publisher: Connection | None,
+        sub_ids: tuple[int, ...],
+    ) -> None:
+        if sub.no_local and publisher is not None and session.client_id == publisher.client_id:
+            return  # [MQTT-3.8.3-3]
+        if not sub_ids and session.subscription_ids:
+            sub_id = session.subscription_ids.get(sub.topic_filter)
+            if sub_id is not None:
+                sub_ids = (sub_id,)
+        message_qos = message.qos
+        qos = message_qos if message_qos < sub.qos else sub.qos
+        # Routed copies carry RETAIN 0 unless retain-as-published [MQTT-3.3.1-9, 3.3.1-12].
+        retain = message.retain and sub.retain_as_published
+        conn = session.connection
+        if qos == 0 and conn is not None and not conn.write_paused and not sub_ids:
+            self._send_qos0(conn, message, retain)  # the hot path, straight out
+        else:
+            self._deliver(session, message, QoS(qos), retain, sub_ids)
+
+    def _deliver(
+        self,
+        session: Session,
+        message: Message,
+        qos: QoS,
+        retain: bool,
+        sub_ids: tuple[int, ...] = (),
+    ) -> None:
         conn = session.connection
         if conn is None:
-            if qos > QoS.AT_MOST_ONCE and not self._enqueue(session, message, qos, retain):
+            if qos > QoS.AT_MOST_ONCE and not self._enqueue(session, message, qos, retain, sub_ids):
                 self.stats.dropped += 1
             return
         if conn.write_paused or (qos > QoS.AT_MOST_ONCE and not session.window_open()):
-            if not self._enqueue(session, message, qos, retain):
+            if not self._enqueue(session, message, qos, retain, sub_ids):
                 self.stats.dropped += 1
             return
-        self._send(conn, session, message, qos, retain)
+        self._send(conn, session, message, qos, retain, sub_ids)
 
-    def _enqueue(self, session: Session, message: Message, qos: QoS, retain: bool) -> bool:
-        ok = session.enqueue(Pending(message, qos, retain))
+    def _enqueue(
+        self,
+        session: Session,
+        message: Message,
+        qos: QoS,
+        retain: bool,
+        sub_ids: tuple[int, ...],
+    ) -> bool:
+        ok = session.enqueue(Pending(message, qos, retain, sub_ids))
         if not ok and (session.dropped in {1, 10, 100, 1000} or session.dropped % 10_000 == 0):
             log.warning(
-                "queue of %s/%s full (%d): dropped %d message(s) so far",
+                "queue of %s/%s full (%d messages / %d bytes): dropped %d message(s) so far",
                 session.tenant,
                 session.client_id,
                 session.max_queued,
+                session.max_queued_bytes,
                 session.dropped,
             )
         return ok
 
     def _send_qos0(self, conn: Connection, message: Message, retain: bool) -> None:
+        if conn.alias_out_max or conn.max_packet_out:
+            self._send(conn, None, message, QoS.AT_MOST_ONCE, retain, ())
+            return
         stats = self.stats
         stats.messages_out += 1
         stats.bytes_out += len(message.payload)
@@ -344,25 +469,38 @@ class Broker:
             encoded = message.encoded = {}
         data = encoded.get(key)
         if data is None:
-            data = encoded[key] = self._encode(conn, message, QoS.AT_MOST_ONCE, retain, None)
+            data = self._encode(conn, message, QoS.AT_MOST_ONCE, retain, None)
+            assert data is not None
+            encoded[key] = data
         conn.emit(data)
 
     def _send(
-        self, conn: Connection, session: Session, message: Message, qos: QoS, retain: bool
+        self,
+        conn: Connection,
+        session: Session | None,
+        message: Message,
+        qos: QoS,
+        retain: bool,
+        sub_ids: tuple[int, ...],
     ) -> None:
-        if qos == QoS.AT_MOST_ONCE:
-            self._send_qos0(conn, message, retain)
-            return
+        pid = None
+        if qos > QoS.AT_MOST_ONCE:
+            assert session is not None
+            pid = session.next_packet_id()
+            assert pid is not None  # the window is far below 65535
+        data = self._encode(conn, message, qos, retain, pid, sub_ids=sub_ids)
+        if data is None:
+            return  # over the client's maximum packet size: dropped [MQTT-3.1.2-25]
         self.stats.messages_out += 1
         self.stats.bytes_out += len(message.payload)
-        pid = session.next_packet_id()
-        assert pid is not None  # the window is far below 65535
-        state = OutState.AWAIT_PUBACK if qos == QoS.AT_LEAST_ONCE else OutState.AWAIT_PUBREC
-        session.inflight[pid] = Outbound(message, qos, retain, state)
-        conn.emit(self._encode(conn, message, qos, retain, pid))
+        if pid is not None:
+            assert session is not None
+            state = OutState.AWAIT_PUBACK if qos == QoS.AT_LEAST_ONCE else OutState.AWAIT_PUBREC
+            session.inflight[pid] = Outbound(message, qos, retain, state, sub_ids)
+        conn.emit(data)
 
-    @staticmethod
     def _encode(
+        self,
         conn: Connection,
         message: Message,
         qos: QoS,
@@ -370,30 +508,60 @@ class Broker:
         packet_id: int | None,
         *,
         dup: bool = False,
-    ) -> bytes:
+        sub_ids: tuple[int, ...] = (),
+    ) -> bytes | None:
+        """The PUBLISH for this client, or None when it exceeds the client's maximum packet
+        size (the message is then dropped for this client [MQTT-3.1.2-25])."""
+        topic: str = message.topic
         props: Properties | None = None
-        if conn.version == ProtocolVersion.MQTT_5 and message.properties is not NO_PROPERTIES:
-            props = message.properties
-        return encode_publish(
-            message.topic,
-            message.payload,
-            int(qos),
-            retain,
-            dup,
-            packet_id,
-            conn.version,
-            props,
+        if conn.version == ProtocolVersion.MQTT_5:
+            base = message.properties
+            changes: dict[str, object] = {}
+            expiry = base.message_expiry_interval
+            if expiry is not None:
+                # Forward the time left, not the time given [MQTT-3.3.2-6].
+                waited = (self.wall_clock_us() - message.ts_us) // 1_000_000
+                if waited > 0:
+                    changes["message_expiry_interval"] = max(expiry - waited, 1)
+            if sub_ids:
+                changes["subscription_identifiers"] = sub_ids
+            if conn.alias_out_max:
+                alias, known = conn.outgoing_alias(topic)
+                if alias:
+                    changes["topic_alias"] = alias
+                    if known:
+                        topic = ""  # the alias alone names the topic [MQTT-3.3.2-12]
+            if changes:
+                base = dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+            if base is not NO_PROPERTIES:
+                props = base
+        data = encode_publish(
+            topic, message.payload, int(qos), retain, dup, packet_id, conn.version, props
         )
+        if conn.max_packet_out and len(data) > conn.max_packet_out:
+            log.info(
+                "%d-byte PUBLISH over %s's maximum packet size %d: not sent",
+                len(data),
+                conn.client_id,
+                conn.max_packet_out,
+            )
+            self.stats.dropped += 1
+            return None
+        return data
 
     def _drain_queue(self, session: Session) -> None:
         conn = session.connection
         queue = session.queue
+        now_us = self.wall_clock_us()
         while queue and conn is not None and not conn.write_paused:
             head = queue[0]
             if head.qos > QoS.AT_MOST_ONCE and not session.window_open():
                 return
-            queue.popleft()
-            self._send(conn, session, head.message, head.qos, head.retain)
+            session.pop()
+            expiry = head.message.properties.message_expiry_interval
+            if expiry is not None and now_us - head.message.ts_us >= expiry * 1_000_000:
+                continue  # expired while waiting: never delivered [MQTT-3.3.2-5]
+            self._send(conn, session, head.message, head.qos, head.retain, head.subscription_ids)
 
     def delivery_acked(
         self, conn: Connection, packet_id: int, kind: type[Puback | Pubrec | Pubcomp]
@@ -422,23 +590,48 @@ class Broker:
 
     # -- subscribe -----------------------------------------------------------------------------
 
-    def subscribe(self, conn: Connection, subscriptions: Iterable[Subscription]) -> None:
+    def subscribe(
+        self,
+        conn: Connection,
+        subscriptions: Iterable[tuple[str | None, str, Subscription]],
+        subscription_id: int | None = None,
+    ) -> None:
+        """Add (group, filter, options) subscriptions; group is set for ``$share/...``."""
         session = conn.session
         assert session is not None
         ns = self.namespace(conn.tenant)
         if not session.clean:
             self.state_changed = True
-        for sub in subscriptions:
-            is_new = ns.subscriptions.add(sub.topic_filter, conn.client_id, sub)
-            session.subscriptions[sub.topic_filter] = sub
+        for group, topic_filter, sub in subscriptions:
+            full = sub.topic_filter
+            is_new = full not in session.subscriptions
+            session.subscriptions[full] = sub
+            if subscription_id is not None:
+                session.subscription_ids[full] = subscription_id
+            else:
+                session.subscription_ids.pop(full, None)
+            if group is not None:
+                shared = ns.shared.get((group, topic_filter))
+                if shared is None:
+                    shared = ns.shared[(group, topic_filter)] = SharedGroup()
+                    ns.subscriptions.add(topic_filter, ("$share", group), shared)
+                shared.members[conn.client_id] = sub
+                continue  # no retained messages for a shared subscription [MQTT-4.8.2-?]
+            ns.subscriptions.add(topic_filter, conn.client_id, sub)
             if sub.retain_handling == RetainHandling.DO_NOT_SEND or (
                 sub.retain_handling == RetainHandling.SEND_IF_NEW_SUBSCRIPTION and not is_new
             ):
                 continue
-            for message in ns.retained.matching(sub.topic_filter):
+            sub_ids = (subscription_id,) if subscription_id is not None else ()
+            now_us = self.wall_clock_us()
+            for message in list(ns.retained.matching(topic_filter)):
+                expiry = message.properties.message_expiry_interval
+                if expiry is not None and now_us - message.ts_us >= expiry * 1_000_000:
+                    ns.retained.remove(message.topic)  # expired retained message [MQTT-3.3.2-5]
+                    continue
                 # Retained messages go out with RETAIN 1 [MQTT-3.3.1-8].
                 qos = message.qos if message.qos < sub.qos else sub.qos
-                self._deliver(session, message, QoS(qos), True)
+                self._deliver(session, message, QoS(qos), True, sub_ids)
 
     def unsubscribe(self, conn: Connection, topic_filters: Iterable[str]) -> list[bool]:
         session = conn.session
@@ -448,9 +641,24 @@ class Broker:
             self.state_changed = True
         found = []
         for topic_filter in topic_filters:
-            session.subscriptions.pop(topic_filter, None)
-            found.append(ns.subscriptions.remove(topic_filter, conn.client_id))
+            had = session.subscriptions.pop(topic_filter, None) is not None
+            session.subscription_ids.pop(topic_filter, None)
+            if had:
+                self._remove_subscription(ns, conn.client_id, topic_filter)
+            found.append(had)
         return found
+
+    def _remove_subscription(self, ns: Namespace, client_id: str, full_filter: str) -> None:
+        group, topic_filter = parse_subscription_filter(full_filter)
+        if group is None:
+            ns.subscriptions.remove(topic_filter, client_id)
+            return
+        shared = ns.shared.get((group, topic_filter))
+        if shared is not None:
+            shared.members.pop(client_id, None)
+            if not shared.members:
+                del ns.shared[(group, topic_filter)]
+                ns.subscriptions.remove(topic_filter, ("$share", group))
 
     # -- persistence (see broker_edge.store) ------------------------------------------------
 
@@ -465,8 +673,16 @@ class Broker:
         for session in sessions:
             self.sessions[(session.tenant, session.client_id)] = session
             ns = self.namespace(session.tenant)
-            for topic_filter, sub in session.subscriptions.items():
-                ns.subscriptions.add(topic_filter, session.client_id, sub)
+            for full, sub in session.subscriptions.items():
+                group, topic_filter = parse_subscription_filter(full)
+                if group is None:
+                    ns.subscriptions.add(topic_filter, session.client_id, sub)
+                    continue
+                shared = ns.shared.get((group, topic_filter))
+                if shared is None:
+                    shared = ns.shared[(group, topic_filter)] = SharedGroup()
+                    ns.subscriptions.add(topic_filter, ("$share", group), shared)
+                shared.members[session.client_id] = sub
         for message in retained:
             self.namespace(message.tenant).retained.set(message)
 
@@ -481,6 +697,21 @@ class Broker:
             self._route(matches, message, None)
 
     # -- housekeeping --------------------------------------------------------------------------
+
+    def publish_due_wills(self, now: float) -> None:
+        for key, (due, will) in list(self.pending_wills.items()):
+            if due <= now:
+                del self.pending_wills[key]
+                self._publish_will(key[0], key[1], will)
+        self.flush_dirty()
+
+    def after_commit(self) -> None:
+        """A journal commit finished: send the acks it released, resume paused publishers."""
+        self.flush_dirty()
+        if self.paused_readers and self.journal.backlog <= self.settings.max_journal_backlog // 2:
+            paused, self.paused_readers = self.paused_readers, set()
+            for conn in paused:
+                conn.resume_reading()
 
     def check_keepalives(self, now: float) -> None:
         """Close connections silent for 1.5 x their keepalive [MQTT-3.1.2-24]."""

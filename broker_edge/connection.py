@@ -20,6 +20,7 @@ the broker calls back :meth:`ack_durable` from the group commit.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable
 from enum import Enum
@@ -49,6 +50,7 @@ from broker_edge.packets import (
     ReasonCode,
     Suback,
     Subscribe,
+    Subscription,
     Unsuback,
     Unsubscribe,
 )
@@ -103,6 +105,16 @@ class Connection:
         # Set by the listener: writes bytes to the transport, closes it.
         self.write: Callable[[bytes], None] = _discard
         self.close_transport: Callable[[], None] = _noop
+        # Set by the listener: stop / restart reading from the socket (publisher backpressure).
+        self.pause_reading: Callable[[], None] = _noop
+        self.resume_reading: Callable[[], None] = _noop
+        # MQTT 5 limits the client declared in CONNECT (3.1.1: none).
+        self.receive_maximum_out = 65_535
+        self.max_packet_out = 0  # 0: no limit
+        self.alias_out_max = 0
+        self._alias_out: dict[str, int] | None = None
+        self._alias_in: dict[int, str] | None = None
+        self.inbound_unacked = 0  # QoS 1/2 publishes received and not yet fully acknowledged
         self.out: list[bytes] = []
         self.write_paused = False
         self.closing = False
@@ -147,6 +159,20 @@ class Connection:
         if self.closing and self.state is not ConnState.CLOSED:
             self.state = ConnState.CLOSED
             self.close_transport()
+
+    def outgoing_alias(self, topic: str) -> tuple[int, bool]:
+        """(alias, already known to the client) for a topic sent to this client; alias 0 when
+        the client's topic alias maximum is used up (aliases are never reassigned)."""
+        aliases = self._alias_out
+        if aliases is None:
+            aliases = self._alias_out = {}
+        alias = aliases.get(topic)
+        if alias is not None:
+            return alias, True
+        if len(aliases) >= self.alias_out_max:
+            return 0, False
+        alias = aliases[topic] = len(aliases) + 1
+        return alias, False
 
     def close(self, reason: int | None = None, *, send_disconnect: bool = True) -> None:
         """Close after flushing; MQTT 5 clients first get DISCONNECT with ``reason``."""
@@ -204,31 +230,48 @@ class Connection:
             return
         if packet.will is not None:
             will = packet.will
+            try:
+                validate_topic_name(will.topic)  # [MQTT-3.1.3-11]
+            except InvalidTopic as exc:
+                raise ProtocolError(f"will topic: {exc}", ReasonCode.TOPIC_NAME_INVALID) from exc
+            # Will Delay is a property of the will, not of the message it becomes.
+            message_props = will.properties
+            if message_props.will_delay_interval is not None:
+                message_props = dataclasses.replace(message_props, will_delay_interval=None)
             self.will = Publish(
                 topic=will.topic,
                 payload=will.payload,
                 qos=will.qos,
                 retain=will.retain,
-                properties=will.properties,
+                properties=message_props,
             )
             self.will_delay = will.properties.will_delay_interval or 0
+        if v5:
+            cp = packet.properties
+            self.receive_maximum_out = cp.receive_maximum or 65_535
+            self.max_packet_out = cp.maximum_packet_size or 0
+            self.alias_out_max = cp.topic_alias_maximum or 0
         session, present = self.broker.open_session(self, packet, now)
         self.session = session
         self.state = ConnState.CONNECTED
         props = NO_PROPERTIES
         if v5:
+            settings = self.broker.settings
             props = Properties(
                 assigned_client_identifier=assigned,
                 server_keep_alive=server_keepalive,
-                receive_maximum=self.broker.settings.max_inflight_messages,
-                topic_alias_maximum=0,
-                shared_subscription_available=0,
-                subscription_identifier_available=0,
+                receive_maximum=settings.max_inflight_messages,
+                topic_alias_maximum=settings.topic_alias_maximum or None,
+                maximum_packet_size=(
+                    settings.max_packet_size if settings.max_packet_size < 268_435_460 else None
+                ),
             )
         self.send(Connack(session_present=present, reason_code=0, properties=props))
         self.broker.session_resumed(self, session)
 
     def _on_publish(self, packet: Publish, now: float) -> None:
+        if packet.properties is not NO_PROPERTIES and packet.properties.topic_alias is not None:
+            packet = self._resolve_alias(packet)
         topic = packet.topic
         valid = self.broker.valid_topics
         if topic not in valid:
@@ -253,18 +296,51 @@ class Connection:
             self.broker.log_denied_publish(self, packet.topic)
             self._ack_refused(packet)
             return
-        seq = self.broker.accept_publish(self, packet, now)
+        if qos != QoS.AT_MOST_ONCE:
+            self.inbound_unacked += 1
+            if (
+                self.inbound_unacked > self.broker.settings.max_inflight_messages
+                and self.version == ProtocolVersion.MQTT_5
+            ):
+                # More unacknowledged QoS 1/2 publishes than our receive maximum [MQTT-3.3.4-9].
+                raise ProtocolError("receive maximum exceeded", ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
+        broker = self.broker
+        seq = broker.accept_publish(self, packet, now)
+        if broker.journal.backlog > broker.settings.max_journal_backlog:
+            # The journal is behind: stop reading from this publisher until it catches up,
+            # rather than accept what we cannot make durable.
+            self.pause_reading()
+            broker.paused_readers.add(self)
         if qos == QoS.AT_MOST_ONCE:
             return
         pid = packet.packet_id
         assert pid is not None
         if qos == QoS.EXACTLY_ONCE:
             session.awaiting_rel.add(pid)
-        self.broker.after_durable(seq, self, pid, qos)
+        broker.after_durable(seq, self, pid, qos)
+
+    def _resolve_alias(self, packet: Publish) -> Publish:
+        """Apply an inbound topic alias [MQTT-3.3.2.3.4]."""
+        alias = packet.properties.topic_alias
+        assert alias is not None
+        if not 0 < alias <= self.broker.settings.topic_alias_maximum:
+            # [MQTT-3.3.2-9] [MQTT-3.3.2-10]
+            raise ProtocolError(f"topic alias {alias} out of range", ReasonCode.TOPIC_ALIAS_INVALID)
+        aliases = self._alias_in
+        if aliases is None:
+            aliases = self._alias_in = {}
+        if packet.topic:
+            aliases[alias] = packet.topic
+            return packet
+        topic = aliases.get(alias)
+        if topic is None:
+            raise ProtocolError(f"topic alias {alias} was never set", ReasonCode.PROTOCOL_ERROR)
+        return dataclasses.replace(packet, topic=topic)
 
     def ack_durable(self, packet_id: int, qos: QoS) -> None:
         """The journal made an inbound publish durable: acknowledge it now."""
         if qos == QoS.AT_LEAST_ONCE:
+            self.inbound_unacked -= 1
             self.send(Puback(packet_id=packet_id))
         else:
             self.send(Pubrec(packet_id=packet_id))
@@ -284,6 +360,8 @@ class Connection:
         assert self.session is not None
         found = packet.packet_id in self.session.awaiting_rel
         self.session.awaiting_rel.discard(packet.packet_id)
+        if found:
+            self.inbound_unacked -= 1
         reason = 0 if found or self.version != ProtocolVersion.MQTT_5 else 0x92
         self.send(Pubcomp(packet_id=packet.packet_id, reason_code=reason))
 
@@ -300,23 +378,22 @@ class Connection:
     def _on_subscribe(self, packet: Subscribe, now: float) -> None:
         v5 = self.version == ProtocolVersion.MQTT_5
         codes: list[int] = []
-        accepted = []
+        accepted: list[tuple[str | None, str, Subscription]] = []
+        ids = packet.properties.subscription_identifiers
         for sub in packet.subscriptions:
             try:
-                group, _ = parse_subscription_filter(sub.topic_filter)
+                group, topic_filter = parse_subscription_filter(sub.topic_filter)
             except InvalidTopic:
                 codes.append(ReasonCode.TOPIC_FILTER_INVALID if v5 else SUBACK_FAILURE_311)
                 continue
-            if group is not None:
-                codes.append(
-                    ReasonCode.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED if v5 else SUBACK_FAILURE_311
-                )
-                continue
+            if group is not None and sub.no_local:
+                # No Local on a shared subscription is a protocol error [MQTT-3.8.3-4].
+                raise ProtocolError("no-local on a shared subscription", ReasonCode.PROTOCOL_ERROR)
             codes.append(int(sub.qos))
-            accepted.append(sub)
+            accepted.append((group, topic_filter, sub))
         # SUBACK before the retained messages the subscriptions bring [MQTT-3.8.4-1].
         self.send(Suback(packet_id=packet.packet_id, reason_codes=tuple(codes)))
-        self.broker.subscribe(self, accepted)
+        self.broker.subscribe(self, accepted, ids[0] if ids else None)
 
     def _on_unsubscribe(self, packet: Unsubscribe, now: float) -> None:
         found = self.broker.unsubscribe(self, packet.topic_filters)

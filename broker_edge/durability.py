@@ -37,6 +37,11 @@ class GroupCommitter:
         self.failure: BaseException | None = None
 
     @property
+    def backlog(self) -> int:
+        """Records appended and not yet durable."""
+        return self._writer.next_seq - 1 - self.durable_seq
+
+    @property
     def appended_seq(self) -> int:
         return self._writer.next_seq - 1
 

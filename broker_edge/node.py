@@ -70,7 +70,7 @@ class EdgeNode:
         )
         committer = GroupCommitter(writer)
         broker = Broker(settings, committer)
-        committer.on_commit = broker.flush_dirty
+        committer.on_commit = broker.after_commit
         self.broker = broker
         await self._restore(broker, writer.next_seq - 1)
         committer.start()
@@ -163,7 +163,10 @@ class EdgeNode:
         assert committer is not None
         broker.state_changed = False
         seq = committer.appended_seq
-        data = store.encode(seq, broker.persistent_sessions(), broker.retained_messages())
+        # $SYS values are derived and never persisted (see broker_edge.sysstats): a restart
+        # must not serve the previous run's numbers.
+        retained = [m for m in broker.retained_messages() if not m.topic.startswith("$SYS/")]
+        data = store.encode(seq, broker.persistent_sessions(), retained)
         while committer.durable_seq < seq and committer.failure is None:
             await asyncio.sleep(0.005)
         if committer.failure is not None:
@@ -180,8 +183,13 @@ class EdgeNode:
         while True:
             await asyncio.sleep(HOUSEKEEPING_INTERVAL)
             now = loop.time()
-            broker.check_keepalives(now)
-            broker.expire_sessions(now)
+            try:
+                broker.check_keepalives(now)
+                broker.expire_sessions(now)
+                broker.publish_due_wills(now)
+            except Exception:
+                # Our bug: log it and keep the node serving; the next tick tries again.
+                log.exception("housekeeping failed")
 
     async def _publish_sys(self, interval: float) -> None:
         """Publish $SYS/broker/... at once, then every ``interval`` seconds (no drift)."""

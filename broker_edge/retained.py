@@ -31,6 +31,9 @@ class RetainedStore:
         else:
             self._by_topic.pop(message.topic, None)
 
+    def remove(self, topic: str) -> None:
+        self._by_topic.pop(topic, None)
+
     def matching(self, topic_filter: str) -> Iterator[Message]:
         probe: TopicTrie[int, None] = TopicTrie()
         probe.add(topic_filter, 0, None)

@@ -3,7 +3,8 @@
 Pure data and bookkeeping; the connection drives it. The in-flight window holds QoS 1/2
 deliveries awaiting PUBACK (or PUBREC/PUBCOMP); messages beyond the window wait in ``queue``,
 which is bounded by ``max_queued``: when full, the oldest QoS 0 message is dropped first, then
-the new message is refused (counted in ``dropped``) — never unbounded growth.
+the new message is refused (counted in ``dropped``) — never unbounded growth. The same policy
+applies to ``max_queued_bytes`` (payload bytes waiting in the queue).
 """
 
 from __future__ import annotations
@@ -52,8 +53,12 @@ class Session:
     clean: bool
     max_queued: int
     max_inflight: int
+    max_queued_bytes: int = 16 * 2**20
+    queued_bytes: int = 0
     expiry_interval: int = 0  # seconds after disconnect; 0xFFFFFFFF = never (MQTT 5)
     subscriptions: dict[str, Subscription] = field(default_factory=dict)
+    # MQTT 5 subscription identifiers by topic filter [MQTT-3.8.2.1.2].
+    subscription_ids: dict[str, int] = field(default_factory=dict)
     inflight: dict[int, Outbound] = field(default_factory=dict)
     queue: deque[Pending] = field(default_factory=deque)
     # Inbound QoS 2 packet ids received and not yet released by PUBREL [MQTT-4.3.3].
@@ -78,17 +83,31 @@ class Session:
 
     def enqueue(self, pending: Pending) -> bool:
         """Queue a delivery; False when it had to be dropped because the queue is full."""
-        if len(self.queue) >= self.max_queued:
-            if pending.qos == QoS.AT_MOST_ONCE:
-                self.dropped += 1
-                return False
-            for i, queued in enumerate(self.queue):
-                if queued.qos == QoS.AT_MOST_ONCE:
-                    del self.queue[i]
-                    self.dropped += 1
-                    break
-            else:
+        size = len(pending.message.payload)
+        while len(self.queue) >= self.max_queued or (
+            self.queue and self.queued_bytes + size > self.max_queued_bytes
+        ):
+            if pending.qos == QoS.AT_MOST_ONCE or not self._drop_oldest_qos0():
                 self.dropped += 1
                 return False
         self.queue.append(pending)
+        self.queued_bytes += size
         return True
+
+    def pop(self) -> Pending:
+        pending = self.queue.popleft()
+        self.queued_bytes -= len(pending.message.payload)
+        return pending
+
+    def clear_queue(self) -> None:
+        self.queue.clear()
+        self.queued_bytes = 0
+
+    def _drop_oldest_qos0(self) -> bool:
+        for i, queued in enumerate(self.queue):
+            if queued.qos == QoS.AT_MOST_ONCE:
+                del self.queue[i]
+                self.queued_bytes -= len(queued.message.payload)
+                self.dropped += 1
+                return True
+        return False

@@ -31,8 +31,13 @@ class EdgeSettings:
     max_keepalive: int = 65_535
     # Per-session delivery bounds (slow subscribers never grow memory without bound).
     max_queued_messages: int = 1_000
+    max_queued_bytes: int = 16 * 2**20
     max_inflight_messages: int = 100
     write_buffer_high_water: int = 1 * 2**20
+    # MQTT 5: topic aliases a client may use towards this edge (0 = none) [MQTT-3.2.2.3.8].
+    topic_alias_maximum: int = 64
+    # Publishers are paused (reads stop) while this many journal records await their commit.
+    max_journal_backlog: int = 200_000
     # Seconds between $SYS/broker/... statistics updates (Mosquitto's sys_interval); 0 disables.
     sys_interval: float = 10.0
 
@@ -64,7 +69,23 @@ class EdgeSettings:
             "edge.max_keepalive",
             f"must be 1..65535, got {self.max_keepalive}",
         )
-        for key in ("max_queued_messages", "max_inflight_messages", "write_buffer_high_water"):
+        _require(
+            0 <= self.topic_alias_maximum <= 65_535,
+            "edge.topic_alias_maximum",
+            f"must be 0..65535, got {self.topic_alias_maximum}",
+        )
+        _require(
+            self.max_inflight_messages <= 65_535,
+            "edge.max_inflight_messages",
+            f"must be <= 65535 (the MQTT 5 receive maximum), got {self.max_inflight_messages}",
+        )
+        for key in (
+            "max_queued_messages",
+            "max_queued_bytes",
+            "max_inflight_messages",
+            "write_buffer_high_water",
+            "max_journal_backlog",
+        ):
             value = getattr(self, key)
             _require(value >= 1, f"edge.{key}", f"must be >= 1, got {value}")
         _require(

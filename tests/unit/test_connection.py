@@ -46,6 +46,10 @@ class FakeJournal:
         else:
             self.waiters.append((seq, callback))
 
+    @property
+    def backlog(self) -> int:
+        return len(self.records) - self.durable
+
     def make_durable(self) -> None:
         self.durable = len(self.records)
         waiting, self.waiters = self.waiters, []
