@@ -87,6 +87,39 @@ _LEGAL: dict[ConnState, frozenset[type]] = {
 class Connection:
     """One client's side of the protocol: CONNECT to DISCONNECT."""
 
+    # One per client: slots keep an idle connection small (no per-instance __dict__).
+    __slots__ = (
+        "__weakref__",
+        "_alias_in",
+        "_alias_out",
+        "alias_out_max",
+        "broker",
+        "clean_disconnect",
+        "client_id",
+        "close_reason",
+        "close_transport",
+        "closing",
+        "connected_at",
+        "decoder",
+        "inbound_unacked",
+        "keepalive",
+        "last_rx",
+        "max_packet_out",
+        "out",
+        "pause_reading",
+        "peer",
+        "receive_maximum_out",
+        "resume_reading",
+        "session",
+        "state",
+        "tenant",
+        "version",
+        "will",
+        "will_delay",
+        "write",
+        "write_paused",
+    )
+
     def __init__(self, broker: Broker, peer: str, now: float) -> None:
         self.broker = broker
         self.peer = peer
@@ -174,8 +207,16 @@ class Connection:
         alias = aliases[topic] = len(aliases) + 1
         return alias, False
 
-    def close(self, reason: int | None = None, *, send_disconnect: bool = True) -> None:
-        """Close after flushing; MQTT 5 clients first get DISCONNECT with ``reason``."""
+    def close(
+        self,
+        reason: int | None = None,
+        *,
+        send_disconnect: bool = True,
+        reason_string: str | None = None,
+    ) -> None:
+        """Close after flushing; MQTT 5 clients first get DISCONNECT with ``reason`` (and a
+        human-readable reason string, allowed on DISCONNECT whatever the client asked
+        [MQTT-3.1.2-29])."""
         if self.closing:
             return
         if (
@@ -184,7 +225,10 @@ class Connection:
             and self.version == ProtocolVersion.MQTT_5
             and self.state is ConnState.CONNECTED
         ):
-            self.send(Disconnect(reason_code=reason))
+            props = NO_PROPERTIES
+            if reason_string:
+                props = Properties(reason_string=reason_string[:200])
+            self.send(Disconnect(reason_code=reason, properties=props))
         self.close_reason = reason
         self.closing = True
         self.broker.dirty.add(self)
@@ -201,7 +245,7 @@ class Connection:
         ):
             self.send(Connack(reason_code=ConnackCode311.UNACCEPTABLE_PROTOCOL_VERSION))
         self.broker.log_malformed(self, exc)
-        self.close(reason)
+        self.close(reason, reason_string=str(exc))
 
     # -- handlers ----------------------------------------------------------------------------
 
@@ -223,6 +267,11 @@ class Connection:
         if self.keepalive > self.broker.settings.max_keepalive:
             self.keepalive = self.broker.settings.max_keepalive
             server_keepalive = self.keepalive if v5 else None
+        if v5 and packet.properties.authentication_method is not None:
+            # No enhanced authentication method is offered [MQTT-4.12.0-1].
+            self.send(Connack(reason_code=ReasonCode.BAD_AUTHENTICATION_METHOD))
+            self.close(None)
+            return
         refusal = self.broker.authenticate(self, packet)
         if refusal is not None:
             self.send(Connack(reason_code=refusal))
@@ -270,8 +319,15 @@ class Connection:
         self.broker.session_resumed(self, session)
 
     def _on_publish(self, packet: Publish, now: float) -> None:
-        if packet.properties is not NO_PROPERTIES and packet.properties.topic_alias is not None:
-            packet = self._resolve_alias(packet)
+        if packet.properties is not NO_PROPERTIES:
+            if packet.properties.subscription_identifiers:
+                # Only the server sends subscription identifiers [MQTT-3.3.4-6].
+                raise ProtocolError(
+                    "PUBLISH from a client with a subscription identifier",
+                    ReasonCode.PROTOCOL_ERROR,
+                )
+            if packet.properties.topic_alias is not None:
+                packet = self._resolve_alias(packet)
         topic = packet.topic
         valid = self.broker.valid_topics
         if topic not in valid:

@@ -87,13 +87,13 @@ def test_hash_subscriber_gets_no_sys_topics(connect):
 
 
 def test_retained_sys_value_reaches_a_late_subscriber_and_clients_cannot_overwrite_it(
-    make_edge, connect
+    make_edge, make_client
 ):
     # A long interval: the one update at start is all there is during the test.
-    slow = make_edge(sys_interval=3600.0, node_id="slow")
-    evil = connect(port=slow.port)
+    slow = make_edge(sys_interval=3600.0)
+    evil = make_client(port=slow.port)
     evil.publish(SYS + "version", b"pwned", qos=1, retain=True)  # refused [MQTT-4.7.2-1]
-    late = connect(port=slow.port)
+    late = make_client(port=slow.port)
     late.subscribe(SYS + "+")
     got = {}
     for _ in range(2):  # $SYS/broker/version and $SYS/broker/uptime
@@ -104,8 +104,20 @@ def test_retained_sys_value_reaches_a_late_subscriber_and_clients_cannot_overwri
     late.nothing_more()
 
 
-def test_sys_interval_zero_publishes_nothing(make_edge, connect):
-    quiet = make_edge(sys_interval=0.0, node_id="quiet")
-    watcher = connect(port=quiet.port)
+def test_sys_interval_zero_publishes_nothing(make_edge, make_client):
+    quiet = make_edge(sys_interval=0.0)
+    watcher = make_client(port=quiet.port)
     watcher.subscribe("$SYS/#")
     watcher.nothing_more(wait=3 * INTERVAL)
+
+
+def test_sys_values_are_not_persisted_across_a_restart(make_edge, make_client):
+    first = make_edge()
+    watcher = make_client(port=first.port)
+    watcher.subscribe(SYS + "uptime")
+    assert watcher.get().retain  # retained in the first run
+    first.stop()  # a clean stop writes the state snapshot
+    second = make_edge(sys_interval=0.0)  # the second run publishes no $SYS
+    late = make_client(port=second.port)
+    late.subscribe("$SYS/#")
+    late.nothing_more(wait=3 * INTERVAL)  # so nothing may be left from the first run

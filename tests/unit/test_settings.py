@@ -14,6 +14,7 @@ CONF = Path(__file__).resolve().parents[2] / "conf"
 def test_example_files_load() -> None:
     edge = load_edge(CONF / "edge.toml", {})
     assert (edge.node_id, edge.port, edge.journal_fsync) == ("edge-1", 1883, True)
+    assert edge.sys_interval == 10.0
     pipe = load_pipeline(CONF / "pipeline.toml", {})
     assert pipe.journal_root == Path("data/journal")
     assert pipe.checkpoint_path("history") == Path("lake/_checkpoints/history")
@@ -33,6 +34,9 @@ def test_flags_override_file_and_defaults_sit_beneath(tmp_path: Path) -> None:
         ("[edge]\nport = 70000\n", "edge.port: must be 0..65535"),
         ("[edge]\njournal_fsync = 1\n", "edge.journal_fsync: must be true or false"),
         ("[edge]\nnode_id = 'a/b'\n", "edge.node_id"),
+        ("[edge]\nsys_interval = -1\n", "edge.sys_interval: must be a number of seconds >= 0"),
+        ("[edge]\nsys_interval = nan\n", "edge.sys_interval: must be a number of seconds >= 0"),
+        ("[edge]\nsys_interval = '10'\n", "edge.sys_interval: must be a number"),
         ("[edges]\n", "unknown table(s) edges"),
         ("[edge\n", "not valid TOML"),
     ],
