@@ -132,6 +132,8 @@ class Stats:
     wire_bytes_in: int = 0
     wire_bytes_out: int = 0
     sockets_opened: int = 0
+    # Times a publisher's reads were paused because the journal was behind.
+    reads_paused: int = 0
 
 
 class Broker:
@@ -157,6 +159,8 @@ class Broker:
         self.pending_wills: dict[tuple[str, str], tuple[float, Publish]] = {}
         # Publishers whose reads are paused until the journal catches up.
         self.paused_readers: set[Connection] = set()
+        # Connections that have not completed CONNECT yet (closed after connect_timeout).
+        self.awaiting_connect: set[Connection] = set()
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -714,7 +718,16 @@ class Broker:
                 conn.resume_reading()
 
     def check_keepalives(self, now: float) -> None:
-        """Close connections silent for 1.5 x their keepalive [MQTT-3.1.2-24]."""
+        """Close connections silent for 1.5 x their keepalive [MQTT-3.1.2-24], and those that
+        did not complete CONNECT within ``connect_timeout``."""
+        limit = self.settings.connect_timeout
+        for conn in list(self.awaiting_connect):
+            if conn.state is not ConnState.AWAIT_CONNECT:
+                self.awaiting_connect.discard(conn)
+            elif now - conn.connected_at > limit:
+                log.info("no CONNECT from %s within %.0f s: closing", conn.peer, limit)
+                self.awaiting_connect.discard(conn)
+                conn.close(None)
         for conn in list(self.connections.values()):
             if conn.keepalive and now - conn.last_rx > 1.5 * conn.keepalive:
                 log.info("keepalive timeout: %s (%s)", conn.client_id, conn.peer)

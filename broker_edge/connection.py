@@ -66,6 +66,8 @@ _client_numbers = itertools.count(1)
 # full). Devices publish to the same few topics over and over.
 VALID_TOPIC_CACHE = 16_384
 
+CONNECT_MAX = 2**20
+
 
 class ConnState(Enum):
     AWAIT_CONNECT = 1
@@ -123,7 +125,9 @@ class Connection:
     def __init__(self, broker: Broker, peer: str, now: float) -> None:
         self.broker = broker
         self.peer = peer
-        self.decoder = Decoder(max_packet_size=broker.settings.max_packet_size)
+        # Before CONNECT only a CONNECT may arrive, and a CONNECT is far below 1 MiB (five
+        # fields of at most 65,535 bytes plus properties): a peer cannot make us buffer more.
+        self.decoder = Decoder(max_packet_size=min(broker.settings.max_packet_size, CONNECT_MAX))
         self.state = ConnState.AWAIT_CONNECT
         self.version = ProtocolVersion.MQTT_3_1_1
         self.client_id = ""
@@ -300,6 +304,7 @@ class Connection:
             self.receive_maximum_out = cp.receive_maximum or 65_535
             self.max_packet_out = cp.maximum_packet_size or 0
             self.alias_out_max = cp.topic_alias_maximum or 0
+        self.decoder.max_packet_size = self.broker.settings.max_packet_size
         session, present = self.broker.open_session(self, packet, now)
         self.session = session
         self.state = ConnState.CONNECTED
@@ -365,8 +370,10 @@ class Connection:
         if broker.journal.backlog > broker.settings.max_journal_backlog:
             # The journal is behind: stop reading from this publisher until it catches up,
             # rather than accept what we cannot make durable.
-            self.pause_reading()
-            broker.paused_readers.add(self)
+            if self not in broker.paused_readers:
+                broker.stats.reads_paused += 1
+                self.pause_reading()
+                broker.paused_readers.add(self)
         if qos == QoS.AT_MOST_ONCE:
             return
         pid = packet.packet_id

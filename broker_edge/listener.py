@@ -42,10 +42,13 @@ class MqttProtocol(asyncio.Protocol):
         conn = Connection(self._broker, f"{peer[0]}:{peer[1]}" if peer else "?", self._loop.time())
         conn.write = self._write
         conn.close_transport = transport.close
+        conn.pause_reading = transport.pause_reading
+        conn.resume_reading = transport.resume_reading
         high = self._broker.settings.write_buffer_high_water
         transport.set_write_buffer_limits(high=high, low=high // 4)
         self._conn = conn
         self._broker.stats.sockets_opened += 1
+        self._broker.awaiting_connect.add(conn)
 
     def _write(self, data: bytes) -> None:
         self._broker.stats.wire_bytes_out += len(data)
@@ -81,6 +84,8 @@ class MqttProtocol(asyncio.Protocol):
         conn.state = ConnState.CLOSED
         conn.out.clear()
         self._broker.dirty.discard(conn)
+        self._broker.awaiting_connect.discard(conn)
+        self._broker.paused_readers.discard(conn)
         self._broker.connection_lost(conn, self._loop.time())
         self._broker.flush_dirty()
 

@@ -29,6 +29,8 @@ class EdgeSettings:
     # Protocol limits.
     max_packet_size: int = MAX_REMAINING_LENGTH + 5
     max_keepalive: int = 65_535
+    # A connection that has not completed CONNECT within this many seconds is closed.
+    connect_timeout: float = 10.0
     # Per-session delivery bounds (slow subscribers never grow memory without bound).
     max_queued_messages: int = 1_000
     max_queued_bytes: int = 16 * 2**20
@@ -48,6 +50,11 @@ class EdgeSettings:
             bool(self.node_id) and "/" not in self.node_id and self.node_id not in {".", ".."},
             "edge.node_id",
             f"must be a non-empty name without '/', got {self.node_id!r}",
+        )
+        _require(
+            self.connect_timeout > 0,
+            "edge.connect_timeout",
+            f"must be > 0, got {self.connect_timeout}",
         )
         _require(
             self.state_snapshot_interval > 0,

@@ -185,3 +185,32 @@ def test_publish_after_disconnect_is_ignored(broker, journal):
     broker.flush_dirty()
     assert journal.records == []
     assert peer.closed
+
+
+def test_publisher_paused_while_journal_is_behind_and_resumed_after(journal):
+    broker = Broker(
+        EdgeSettings(node_id="unit", max_journal_backlog=4), journal, wall_clock_us=lambda: 1
+    )
+    peer = connected(broker, "fast", ProtocolVersion.MQTT_3_1_1)
+    calls: list[str] = []
+    peer.conn.pause_reading = lambda: calls.append("pause")
+    peer.conn.resume_reading = lambda: calls.append("resume")
+    for i in range(4):
+        peer.send(Publish(topic="t", payload=b"x", qos=QoS.AT_LEAST_ONCE, packet_id=i + 1))
+    assert calls == []  # 4 records behind: at the limit, still reading
+    peer.send(Publish(topic="t", payload=b"x", qos=QoS.AT_LEAST_ONCE, packet_id=5))
+    assert calls == ["pause"]
+    assert peer.replies() == []  # nothing acknowledged that is not durable
+    journal.make_durable()
+    broker.after_commit()
+    assert calls == ["pause", "resume"]
+    assert [p.packet_id for p in peer.replies()] == [1, 2, 3, 4, 5]  # type: ignore[union-attr]
+
+
+def test_connection_without_connect_is_closed_after_the_timeout(broker):
+    peer = Peer(broker, ProtocolVersion.MQTT_3_1_1)
+    broker.awaiting_connect.add(peer.conn)
+    broker.check_keepalives(now=broker.settings.connect_timeout - 1)
+    assert not peer.closed
+    broker.check_keepalives(now=broker.settings.connect_timeout + 1)
+    assert peer.closed
