@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -22,6 +23,7 @@ from pathlib import Path
 from types import TracebackType
 
 from bench import BenchError
+from bench.loadgen import raise_nofile
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,9 @@ class BrokerProcess:
         self.workdir = workdir
         self.log_path = workdir / f"{name}.log"
         self._log = self.log_path.open("wb")
+        # What `ulimit -n` does in a launcher script: the child inherits our soft
+        # RLIMIT_NOFILE, raised to the hard limit, so 10,000 idle clients fit.
+        self.nofile_limit = raise_nofile()
         self.proc = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
@@ -114,6 +119,21 @@ class BrokerProcess:
             self._log.close()
         return self.proc.returncode
 
+    def log_summary(self, *, problems: int = 20, tail: int = 3000) -> dict[str, object]:
+        """Lines that look like trouble (warnings, errors, tracebacks) and the log's tail."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return {"lines": 0, "problem_lines": 0, "problems": [], "tail": ""}
+        lines = text.splitlines()
+        bad = [line for line in lines if PROBLEM.search(line)]
+        return {
+            "lines": len(lines),
+            "problem_lines": len(bad),
+            "problems": bad[:problems],
+            "tail": text[-tail:],
+        }
+
     def cleanup(self) -> None:
         """Stop, then remove the temporary directory (its log goes with it)."""
         self.stop()
@@ -134,8 +154,12 @@ class BrokerProcess:
         return f"BrokerProcess({self.name!r}, {self.host}:{self.port}, pid={self.pid})"
 
 
+PROBLEM = re.compile(r"WARNING|ERROR|CRITICAL|Traceback|Exception|[Ee]rror:|[Ww]arning:")
+
 MOSQUITTO_CONFIG = """\
 listener {port} {host}
+# Idle-connection scenario: no cap on clients (RLIMIT_NOFILE is raised by the launcher).
+max_connections -1
 allow_anonymous true
 persistence false
 # No per-client limits: a fast subscriber must never see a message dropped by the broker.

@@ -2,6 +2,17 @@
 
     python -m bench.compare --scenario fanin --qos 0 --publishers 4 --duration 10 \\
         --brokers mosquitto,edgebus,null
+    python -m bench.compare --scenario pairs --qos 1 --publishers 4
+    python -m bench.compare --scenario fanin --publishers 100
+    python -m bench.compare --scenario fanout --subscribers 1000
+    python -m bench.compare --scenario idle --connections 10000 --brokers mosquitto,edgebus
+
+Like for like: Mosquitto runs with no per-client queue or in-flight limits
+(`brokers.MOSQUITTO_CONFIG`), and edgebus by default with a generated config of equivalent
+limits (`EDGEBUS_BENCH_CONFIG`: max_queued_messages = 1000000, max_inflight_messages = 65535,
+journal on with fsync group commit); `--edgebus-config FILE` replaces it, `--edgebus-config
+shipped` runs edgebus with its shipped defaults (1000 queued, 100 in flight). Both settings go
+into the results.
 
 Each broker is started on a free port of 127.0.0.1, driven by `bench.loadgen`, and stopped
 before the next one starts, so they never compete for the CPU. The table shows the delivered
@@ -9,6 +20,11 @@ rate (msgs/s received over the receive window), latency percentiles, loss, and t
 party used; `null` is the built-in sink, whose row is the generator's own ceiling (publisher
 send rate, subscriber receive rate). Before each run the machine's background load is sampled
 for a second: on a shared machine, other programs' CPU use skews every figure.
+
+For `idle` the table shows the broker's resident memory per idle connection instead (see
+`loadgen.idle`); the null sink's row there is the floor of a minimal Python/uvloop server.
+The broker's log is scanned after it stops: lines that look like warnings or errors are
+counted and kept in the results, with the log's tail.
 
 The full results, with machine information, go to bench/results/{timestamp}-{scenario}.json.
 """
@@ -37,6 +53,18 @@ log = logging.getLogger(__name__)
 
 BROKERS = ("mosquitto", "edgebus", "null")
 RESULTS_DIR = brokers.REPO_ROOT / "bench" / "results"
+SHIPPED = "shipped"  # --edgebus-config value: no config file, edgebus's own defaults
+BENCH = "bench"  # --edgebus-config value: the generated EDGEBUS_BENCH_CONFIG (default)
+
+EDGEBUS_BENCH_CONFIG = """\
+# Written by bench.compare: per-session limits equivalent to Mosquitto's in bench/brokers.py
+# (max_queued_messages 0 = unlimited, max_inflight_messages 0 = unlimited). The journal stays
+# on with edgebus's default fsync group commit.
+[edge]
+journal_fsync = true
+max_queued_messages = 1000000
+max_inflight_messages = 65535
+"""
 
 
 def machine_info() -> dict[str, Any]:
@@ -71,12 +99,26 @@ def background_cores(seconds: float = 1.0) -> float:
     return (busy1 - busy0) / seconds
 
 
+def broker_settings(name: str, edgebus_config: str | Path = BENCH) -> str | None:
+    """The settings a broker runs with in `started()`, as text for the results."""
+    if name == "mosquitto":
+        return brokers.MOSQUITTO_CONFIG.split("\n", 1)[1]  # without the listener line
+    if name == "edgebus":
+        if edgebus_config == SHIPPED:
+            return "edgebus shipped defaults (no --config)"
+        if edgebus_config == BENCH:
+            return EDGEBUS_BENCH_CONFIG
+        return Path(edgebus_config).read_text()
+    return None
+
+
 @contextlib.contextmanager
 def started(
     name: str,
     edgebus_data_dir: str | None,
     cpus: set[int] | None = None,
     edgebus_args: list[str] | None = None,
+    edgebus_config: str | Path = BENCH,
 ) -> Iterator[brokers.BrokerProcess]:
     if name == "mosquitto":
         with brokers.start_mosquitto(cpus=cpus) as broker:
@@ -85,38 +127,72 @@ def started(
         with brokers.start_null_sink(blast=True, cpus=cpus) as broker:
             yield broker
     elif name == "edgebus":
-        data_dir = edgebus_data_dir or tempfile.mkdtemp(prefix="bench-edgebus-data-")
+        scratch = Path(tempfile.mkdtemp(prefix="bench-edgebus-data-"))
+        data_dir = edgebus_data_dir or str(scratch / "data")
+        extra = list(edgebus_args or [])
+        if edgebus_config == BENCH:
+            config = scratch / "edge.toml"
+            config.write_text(EDGEBUS_BENCH_CONFIG)
+            extra = ["--config", str(config), *extra]
+        elif edgebus_config != SHIPPED:
+            extra = ["--config", str(edgebus_config), *extra]
         try:
-            with brokers.start_edgebus(data_dir, cpus=cpus, extra_args=edgebus_args) as broker:
+            with brokers.start_edgebus(data_dir, cpus=cpus, extra_args=extra) as broker:
                 yield broker
         finally:
-            if edgebus_data_dir is None:
-                shutil.rmtree(data_dir, ignore_errors=True)
+            shutil.rmtree(scratch, ignore_errors=True)
     else:
         raise ValueError(f"unknown broker {name!r}; choose from {', '.join(BROKERS)}")
 
 
-def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
-    options = loadgen.options_from_args(args)
+def run_one(
+    name: str,
+    scenario: str,
+    options: loadgen.LoadOptions,
+    *,
+    publishers: int = 4,
+    subscribers: int = 4,
+    connections: int = 10_000,
+    pin: bool = True,
+    edgebus_data_dir: str | None = None,
+    edgebus_args: list[str] | None = None,
+    edgebus_config: str | Path = BENCH,
+) -> dict[str, Any]:
+    """Start broker `name`, run the scenario against it, stop it; return the result with the
+    broker's settings, memory, exit code and log findings added."""
     cpus = sorted(os.sched_getaffinity(0))
     broker_cpus: set[int] | None = None
-    if args.pin and len(cpus) >= 2:
+    if pin and len(cpus) >= 2:
         # The broker gets the first CPU to itself, the generator the rest, so neither can
         # take the other's core (on 2 CPUs: one core each).
         broker_cpus = {cpus[0]}
         options = replace(options, worker_cpus=tuple(cpus[1:]))
     background = background_cores()
-    with started(name, args.edgebus_data_dir, broker_cpus, args.edgebus_arg) as broker:
+    t0 = time.monotonic()
+    with started(name, edgebus_data_dir, broker_cpus, edgebus_args, edgebus_config) as broker:
         target = loadgen.Target(broker.host, broker.port, broker.pid, null=name == "null")
+        rss_before = brokers.rss_kib(broker.pid)
         result = loadgen.run_scenario(
-            args.scenario,
+            scenario,
             target,
             options,
-            publishers=args.publishers,
-            subscribers=args.subscribers,
+            publishers=publishers,
+            subscribers=subscribers,
+            connections=connections,
         )
-        result["broker_peak_rss_kib"] = brokers.peak_rss_kib(broker.pid)
+        result["broker_rss_kib"] = {
+            "before": rss_before,
+            "after": brokers.rss_kib(broker.pid),
+            "peak": brokers.peak_rss_kib(broker.pid),
+        }
+        result["broker_peak_rss_kib"] = result["broker_rss_kib"]["peak"]
+        alive = broker.proc.poll() is None  # still running when the load ended
+        result["broker_exit"] = {"alive_at_end": alive, "code": broker.stop()}
+        result["broker_log"] = broker.log_summary()
+    result["broker"] = name
+    result["broker_settings"] = broker_settings(name, edgebus_config)
     result["background_cores_before"] = background
+    result["elapsed_s"] = time.monotonic() - t0
     result["pinning"] = (
         None
         if broker_cpus is None
@@ -133,10 +209,21 @@ def _cores(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+def _us(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+def _mib(kib: int | None) -> str:
+    return "-" if kib is None else f"{kib / 1024:.1f}"
+
+
 def format_table(results: dict[str, dict[str, Any]]) -> str:
+    if any(r.get("scenario") == "idle" for r in results.values()):
+        return format_idle_table(results)
     header = (
         f"{'broker':<10} {'sent/s':>10} {'msgs/s':>10} {'p50 ms':>9} {'p99 ms':>9} "
-        f"{'loss':>8} {'broker':>7} {'pubs':>6} {'subs':>6} {'machine':>8} {'bg':>5}  per-cpu"
+        f"{'loss':>8} {'stall s':>7} {'broker':>7} {'pubs':>6} {'subs':>6} {'machine':>8} "
+        f"{'bg':>5}  per-cpu"
     )
     lines = [header, "-" * len(header)]
     for name, r in results.items():
@@ -145,18 +232,49 @@ def format_table(results: dict[str, dict[str, Any]]) -> str:
             continue
         cpu = r["cpu"]
         loss = "-" if r["loss"] is None else str(r["loss"])
+        stall = (r.get("timeline") or {}).get("stall_max_s")
         lines.append(
             f"{name:<10} {r['send_rate']:>10.0f} {r['msgs_per_s']:>10.0f} "
             f"{_ms(r['latency_ms']['p50']):>9} {_ms(r['latency_ms']['p99']):>9} {loss:>8} "
+            f"{_ms(stall):>7} "
             f"{_cores(cpu['broker_cores']):>7} {_cores(cpu['publishers_cores']):>6} "
             f"{_cores(cpu['subscribers_cores']):>6} {_cores(cpu['machine_busy_cores']):>8} "
             f"{r['background_cores_before']:>5.2f}  "
             + "/".join(f"{v:.2f}" for v in (cpu["per_cpu_busy"] or {}).values())
         )
     lines.append(
-        "sent/s: publishers' send rate; msgs/s: delivered over the receive window; "
-        "broker/pubs/subs/machine: CPU cores used during the run; bg: busy cores before it; "
-        "per-cpu: each CPU's busy share during the run."
+        "sent/s: publishers' send rate; msgs/s: delivered over the receive window; stall: "
+        "longest gap with no delivery; broker/pubs/subs/machine: CPU cores used during the "
+        "run; bg: busy cores before it; per-cpu: each CPU's busy share during the run."
+    )
+    return "\n".join(lines)
+
+
+def format_idle_table(results: dict[str, dict[str, Any]]) -> str:
+    header = (
+        f"{'broker':<10} {'connected':>9} {'failed':>6} {'lost':>5} {'conn/s':>7} "
+        f"{'RSS0 MiB':>8} {'RSS MiB':>8} {'KiB/conn':>8} {'closed':>7} {'us/conn':>7} "
+        f"{'idle cores':>10} {'bg':>5}"
+    )
+    lines = [header, "-" * len(header)]
+    for name, r in results.items():
+        if "error" in r:
+            lines.append(f"{name:<10} ERROR: {r['error']}")
+            continue
+        rss = r["rss_kib"]
+        per = r["kib_per_connection"]
+        cpu = r["cpu"]
+        lines.append(
+            f"{name:<10} {r['connected']:>9} {r['failed']:>6} {r['lost_during_hold']:>5} "
+            f"{(r['connects_per_s'] or 0):>7.0f} {_mib(rss['before']):>8} "
+            f"{_mib(rss['end_of_hold']):>8} {'-' if per is None else f'{per:.2f}':>8} "
+            f"{_mib(rss['after_close']):>7} {_us(cpu['broker_us_per_connect']):>7} "
+            f"{_cores(cpu['broker_cores']):>10} {r['background_cores_before']:>5.2f}"
+        )
+    lines.append(
+        "KiB/conn: (RSS at the end of the hold - RSS before connecting) / connected; closed: "
+        "RSS (MiB) after the clients disconnected; us/conn: broker CPU per accepted "
+        "connection; idle cores: broker CPU while the connections sat idle."
     )
     return "\n".join(lines)
 
@@ -164,6 +282,15 @@ def format_table(results: dict[str, dict[str, Any]]) -> str:
 def summarize(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     ok = {name: r for name, r in results.items() if "error" not in r}
     summary: dict[str, Any] = {}
+    if any(r.get("scenario") == "idle" for r in ok.values()):
+        for name, r in ok.items():
+            summary[f"kib_per_connection_{name}"] = r["kib_per_connection"]
+        e, m = ok.get("edgebus"), ok.get("mosquitto")
+        if e and m and e["kib_per_connection"] and m["kib_per_connection"]:
+            summary["edgebus_over_mosquitto_kib_per_connection"] = (
+                e["kib_per_connection"] / m["kib_per_connection"]
+            )
+        return summary
     if "edgebus" in ok and "mosquitto" in ok and ok["mosquitto"]["msgs_per_s"]:
         summary["edgebus_over_mosquitto_msgs_per_s"] = (
             ok["edgebus"]["msgs_per_s"] / ok["mosquitto"]["msgs_per_s"]
@@ -173,8 +300,13 @@ def summarize(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
         ceiling = {"publishers_send_rate": null["send_rate"], "subscribers_rx": null["msgs_per_s"]}
         summary["generator_ceiling"] = ceiling
         for name, r in ok.items():
-            if name != "null" and r["msgs_per_s"]:
-                summary[f"headroom_over_{name}"] = min(ceiling.values()) / r["msgs_per_s"]
+            if name != "null" and r["msgs_per_s"] and r["send_rate"]:
+                # Publishers against the sink's intake, subscribers against its flood (they
+                # differ by the fan-out factor in `fanout`).
+                summary[f"headroom_over_{name}"] = min(
+                    ceiling["publishers_send_rate"] / r["send_rate"],
+                    ceiling["subscribers_rx"] / r["msgs_per_s"],
+                )
     return summary
 
 
@@ -183,6 +315,11 @@ def format_summary(summary: dict[str, Any]) -> str:
     if "edgebus_over_mosquitto_msgs_per_s" in summary:
         lines.append(
             f"edgebus/mosquitto msgs/s: {summary['edgebus_over_mosquitto_msgs_per_s']:.2f}"
+        )
+    if "edgebus_over_mosquitto_kib_per_connection" in summary:
+        lines.append(
+            "edgebus/mosquitto KiB per idle connection: "
+            f"{summary['edgebus_over_mosquitto_kib_per_connection']:.2f}"
         )
     if "generator_ceiling" in summary:
         c = summary["generator_ceiling"]
@@ -193,8 +330,29 @@ def format_summary(summary: dict[str, Any]) -> str:
         for key, value in summary.items():
             if key.startswith("headroom_over_"):
                 name = key.removeprefix("headroom_over_")
-                lines.append(f"  {value:.1f}x the {name} rate")
+                lines.append(f"  {value:.1f}x the {name} rates")
     return "\n".join(lines)
+
+
+def format_log_findings(results: dict[str, dict[str, Any]]) -> str:
+    """One line per broker whose log has warnings/errors, or that died during the run."""
+    lines = []
+    for name, r in results.items():
+        exit_info = r.get("broker_exit") or {}
+        if exit_info and not exit_info.get("alive_at_end", True):
+            lines.append(f"{name}: broker had exited before the load ended: {exit_info}")
+        found = r.get("broker_log") or {}
+        if found.get("problem_lines"):
+            lines.append(f"{name}: {found['problem_lines']} warning/error line(s) in its log, e.g.")
+            lines.extend(f"    {line[:200]}" for line in found["problems"][:3])
+    return "\n".join(lines)
+
+
+def write_report(report: dict[str, Any], output_dir: Path, name: str) -> Path:
+    output_dir.mkdir(parents=True, exist_ok=True)
+    out = output_dir / f"{report['timestamp_compact']}-{name}.json"
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -214,11 +372,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--edgebus-data-dir", help="default: a temporary directory")
     parser.add_argument(
+        "--edgebus-config",
+        default=BENCH,
+        help=f"edgebus TOML config: {BENCH!r} (default) = queue limits equivalent to "
+        f"Mosquitto's (max_queued_messages 1000000, max_inflight_messages 65535), "
+        f"{SHIPPED!r} = edgebus's own defaults, or a file",
+    )
+    parser.add_argument(
         "--edgebus-arg",
         action="append",
         default=[],
-        help="extra argument for `edgebus.cli edge`, repeatable (e.g. --edgebus-arg=--config "
-        "--edgebus-arg=FILE to lift its per-session queue limits as Mosquitto's are)",
+        help="extra argument for `edgebus.cli edge`, repeatable",
     )
     parser.add_argument("--output-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
@@ -227,12 +391,24 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(names) - set(BROKERS)
     if unknown:
         parser.error(f"unknown broker(s) {sorted(unknown)}; choose from {', '.join(BROKERS)}")
+    options = loadgen.options_from_args(args)
 
     results: dict[str, dict[str, Any]] = {}
     for name in names:
         log.info("running %s against %s", args.scenario, name)
         try:
-            results[name] = run_one(name, args)
+            results[name] = run_one(
+                name,
+                args.scenario,
+                options,
+                publishers=args.publishers,
+                subscribers=args.subscribers,
+                connections=args.connections,
+                pin=args.pin,
+                edgebus_data_dir=args.edgebus_data_dir,
+                edgebus_args=args.edgebus_arg,
+                edgebus_config=args.edgebus_config,
+            )
         except (BenchError, OSError) as exc:
             log.exception("%s failed", name)
             results[name] = {"error": f"{type(exc).__name__}: {exc}"}
@@ -241,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     now = datetime.now(UTC)
     report = {
         "timestamp": now.isoformat(),
+        "timestamp_compact": now.strftime("%Y%m%dT%H%M%SZ"),
         "argv": sys.argv if argv is None else argv,
         "scenario": args.scenario,
         "params": vars(args) | {"output_dir": str(args.output_dir)},
@@ -248,23 +425,28 @@ def main(argv: list[str] | None = None) -> int:
         "results": results,
         "summary": summary,
     }
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    out = args.output_dir / f"{now.strftime('%Y%m%dT%H%M%SZ')}-{args.scenario}.json"
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    out = write_report(report, args.output_dir, args.scenario)
 
-    print(
-        f"\n{args.scenario} qos={args.qos} publishers={args.publishers} "
-        f"duration={args.duration}s payload={args.payload}B rate={args.rate or 'max'}"
-    )
+    if args.scenario == "idle":
+        print(
+            f"\nidle connections={args.connections} keepalive={args.keepalive}s "
+            f"hold={args.duration}s"
+        )
+    else:
+        print(
+            f"\n{args.scenario} qos={args.qos} publishers={args.publishers} "
+            f"subscribers={args.subscribers} duration={args.duration}s payload={args.payload}B "
+            f"rate={args.rate or 'max'}"
+        )
     print(format_table(results))
-    if args.qos == 0 and args.rate is None:
+    if args.scenario != "idle" and args.qos == 0 and args.rate is None:
         print(
             "note: at QoS 0 and max rate, latency is mostly time queued in TCP buffers; "
             "use --rate for latency at a given load."
         )
-    text = format_summary(summary)
-    if text:
-        print(text)
+    for text in (format_summary(summary), format_log_findings(results)):
+        if text:
+            print(text)
     print(f"results: {out}")
     return 1 if any("error" in r for r in results.values()) else 0
 

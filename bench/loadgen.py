@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import math
@@ -49,7 +50,8 @@ from bench import BenchError, wire
 
 log = logging.getLogger(__name__)
 
-SCENARIOS = ("fanin", "pairs", "fanout")
+SCENARIOS = ("fanin", "pairs", "fanout", "idle")
+TIMELINE_STEP_S = 0.25  # subscribers record their cumulative count this often (stall detection)
 
 
 class LoadgenError(BenchError):
@@ -80,9 +82,11 @@ class LoadOptions:
     sub_procs: int | None = None  # default: min(subscribers, CPUs)
     sample_every: int = 16  # latency sample interval (grows when the sample cap is hit)
     drain_timeout: float = 30.0  # after publishing: max wait for acks and deliveries
-    idle_timeout: float = 2.0  # subscribers stop early after this long with nothing new
+    idle_timeout: float = 10.0  # subscribers stop early after this long with nothing new
     connect_timeout: float = 10.0
     worker_cpus: tuple[int, ...] | None = None  # pin the worker processes to these CPUs
+    keepalive: int = 0  # CONNECT keepalive in seconds (0 = none); idle clients ping at half
+    connect_concurrency: int = 64  # idle scenario: handshakes in progress per worker process
 
     def __post_init__(self) -> None:
         if self.qos not in (0, 1):
@@ -97,6 +101,10 @@ class LoadOptions:
             raise ValueError(f"payload_size must be at least {wire.STAMP_SIZE}")
         if self.batch < 1 or not 1 <= self.window <= 65535:
             raise ValueError("batch must be >= 1 and window in 1..65535")
+        if not 0 <= self.keepalive <= 65535:
+            raise ValueError("keepalive must be in 0..65535")
+        if self.connect_concurrency < 1:
+            raise ValueError("connect_concurrency must be positive")
 
 
 # --- worker side -------------------------------------------------------------------------
@@ -152,9 +160,9 @@ class _Client(asyncio.Protocol):
         elif packet.type == wire.PacketType.SUBACK and self.suback and not self.suback.done():
             self.suback.set_result(wire.parse_suback(packet)[1])
 
-    async def handshake(self, client_id: str, timeout: float) -> None:
+    async def handshake(self, client_id: str, timeout: float, keepalive: int = 0) -> None:
         assert self.transport is not None
-        self.transport.write(wire.connect(client_id))
+        self.transport.write(wire.connect(client_id, keepalive=keepalive))
         code = await asyncio.wait_for(self.connack, timeout)
         if code:
             raise LoadgenError(f"{client_id}: CONNACK return code {code}")
@@ -174,7 +182,9 @@ class _Client(asyncio.Protocol):
         self.transport.write(wire.DISCONNECT)
         self.transport.close()
         try:
-            await asyncio.wait_for(self.closed, timeout)
+            # shield: on timeout wait_for would cancel `closed` itself, and the await below
+            # would then raise CancelledError instead of waiting for connection_lost().
+            await asyncio.wait_for(asyncio.shield(self.closed), timeout)
         except TimeoutError:
             self.transport.abort()
             await self.closed
@@ -397,7 +407,12 @@ async def _connect(spec: _WorkerSpec, factory: Any, client_id: str) -> Any:
     _, proto = await asyncio.wait_for(
         loop.create_connection(factory, spec.host, spec.port), timeout
     )
-    await proto.handshake(client_id, timeout)
+    try:
+        await proto.handshake(client_id, timeout, spec.options.keepalive)
+    except BaseException:
+        if proto.transport is not None:
+            proto.transport.abort()
+        raise
     return proto
 
 
@@ -438,16 +453,20 @@ async def _subscriber_worker(spec: _WorkerSpec, conn: Connection) -> dict[str, A
     scanner = wire.PublishScanner(sample_every=opts.sample_every)
     progress = asyncio.Event()
     clients: list[_Subscriber] = []
+    timeline: list[tuple[int, int]] = []
+    recorder: asyncio.Task[None] | None = None
     try:
         for client_id, topic_filter in spec.clients:
             client = await _connect(spec, lambda: _Subscriber(scanner, progress), client_id)
             clients.append(client)
             await client.subscribe(topic_filter, opts.qos, opts.connect_timeout)
         conn.send(("ready",))
-        await pipe.get("go", opts.connect_timeout + 60)
+        _, start_ns, _ = await pipe.get("go", opts.connect_timeout + 60)
         cpu0 = _cpu_now()
         if spec.reset_on_go:
             scanner.reset()
+        steps = int((opts.duration + opts.drain_timeout + 60) / TIMELINE_STEP_S)
+        recorder = asyncio.create_task(_record_timeline(scanner, start_ns, timeline, steps))
         _, expected, idle_s, max_s = await pipe.get("finish", opts.duration + 3600)
         end = time.monotonic() + max_s
         while expected is not None and scanner.count < expected:
@@ -461,6 +480,10 @@ async def _subscriber_worker(spec: _WorkerSpec, conn: Connection) -> dict[str, A
                 break  # idle: nothing arrived for idle_s
         cpu = _cpu_now() - cpu0
     finally:
+        if recorder is not None:
+            recorder.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await recorder
         for client in clients:
             await client.close(opts.drain_timeout)
         pipe.close()
@@ -469,13 +492,136 @@ async def _subscriber_worker(spec: _WorkerSpec, conn: Connection) -> dict[str, A
         "first_ns": scanner.first_ns,
         "last_ns": scanner.last_ns,
         "samples": scanner.samples,
+        "timeline": [count for _, count in timeline],
+        "stall_max_s": _longest_stall(timeline),
+        "loop_lag_max_s": max(
+            (at - k * TIMELINE_STEP_S * 1e9 for k, (at, _) in enumerate(timeline)), default=0
+        )
+        / 1e9,
         "cpu_s": cpu,
     }
 
 
+async def _record_timeline(
+    scanner: wire.PublishScanner, start_ns: int, out: list[tuple[int, int]], steps: int
+) -> None:
+    """Append (ns since start_ns, cumulative receive count), due at k * TIMELINE_STEP_S.
+
+    The due times are the same in every worker, so the parent can add the counts up; the
+    actual times show how late this worker's loop was (a busy generator, not the broker)."""
+    step_ns = int(TIMELINE_STEP_S * 1e9)
+    for k in range(steps):
+        await asyncio.sleep(max(0.0, (start_ns + k * step_ns - time.monotonic_ns()) / 1e9))
+        out.append((time.monotonic_ns() - start_ns, scanner.count))
+
+
+def _longest_stall(timeline: list[tuple[int, int]]) -> float:
+    """Longest time (s, by the actual sample times) the count stood still between the first
+    and the last delivery."""
+    longest = 0
+    since: int | None = None  # time of the first sample of the current flat stretch
+    previous: tuple[int, int] | None = None
+    final = timeline[-1][1] if timeline else 0
+    for at, count in timeline:
+        if previous is not None and count == previous[1] and 0 < count < final:
+            since = previous[0] if since is None else since
+            longest = max(longest, at - since)
+        else:
+            since = None
+        previous = (at, count)
+    return longest / 1e9
+
+
+class _IdleClient(_Client):
+    """A connection that only answers the handshake and, with a keepalive, pings."""
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        while buf:
+            header = wire.read_header(buf, 0)
+            if header is None or header[0] + header[1] > len(buf):
+                break
+            end = header[0] + header[1]
+            packet = wire.Packet(buf[0] >> 4, buf[0] & 0x0F, bytes(buf[header[0] : end]))
+            del buf[:end]
+            self.on_control(packet)  # CONNACK; PINGRESP and anything else are ignored
+
+
+async def _idle_worker(spec: _WorkerSpec, conn: Connection) -> dict[str, Any]:
+    """Open the clients (`connect_concurrency` handshakes at a time), report, hold them idle
+    until the parent says "finish", then close them; see `idle()`."""
+    pipe = _Pipe(conn)
+    opts = spec.options
+    clients: list[_IdleClient] = []
+    errors: dict[str, int] = {}
+    pinger: asyncio.Task[None] | None = None
+    try:
+        conn.send(("ready",))
+        await pipe.get("go", opts.connect_timeout + 60)
+        cpu0 = _cpu_now()
+        gate = asyncio.Semaphore(opts.connect_concurrency)
+
+        async def open_one(client_id: str) -> None:
+            async with gate:
+                try:
+                    clients.append(await _connect(spec, _IdleClient, client_id))
+                except (OSError, TimeoutError, LoadgenError) as exc:
+                    key = f"{type(exc).__name__}: {exc}"[:200]
+                    errors[key] = errors.get(key, 0) + 1
+
+        t0 = time.monotonic()
+        await asyncio.gather(*(open_one(client_id) for client_id, _ in spec.clients))
+        connect_s = time.monotonic() - t0
+        conn.send(("connected", {"connected": len(clients), "connect_s": connect_s}))
+        if opts.keepalive:
+            pinger = asyncio.create_task(_ping(clients, opts.keepalive / 2))
+        await pipe.get("finish", opts.duration + 3600)
+        lost = sum(1 for client in clients if client.closed.done())
+        cpu = _cpu_now() - cpu0
+    finally:
+        if pinger is not None:
+            pinger.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pinger
+        await asyncio.gather(*(client.close(opts.drain_timeout) for client in clients))
+        pipe.close()
+    return {
+        "connected": len(clients),
+        "failed": sum(errors.values()),
+        "errors": errors,
+        "lost": lost,
+        "connect_s": connect_s,
+        "cpu_s": cpu,
+    }
+
+
+async def _ping(clients: list[_IdleClient], interval: float) -> None:
+    """PINGREQ on every open client each `interval` seconds; cancelled by the worker."""
+    while True:
+        await asyncio.sleep(interval)
+        for client in clients:
+            if client.transport is not None and not client.closed.done():
+                client.transport.write(wire.PINGREQ)
+
+
+def raise_nofile() -> int:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit; return the new soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+_WORKERS = {"pub": _publisher_worker, "sub": _subscriber_worker, "idle": _idle_worker}
+
+
 def _worker_main(spec: _WorkerSpec, conn: Connection) -> None:
     """Entry point of a spawned worker process."""
-    worker = _publisher_worker if spec.role == "pub" else _subscriber_worker
+    worker = _WORKERS[spec.role]
+    raise_nofile()
     if spec.options.worker_cpus:
         os.sched_setaffinity(0, spec.options.worker_cpus)
     try:
@@ -565,7 +711,9 @@ class _Workers:
             try:
                 msg = self.pipes[i].recv()
             except EOFError:
-                raise LoadgenError(f"{self.specs[i].role} worker {i} died") from None
+                self.procs[i].join(1)
+                code = self.procs[i].exitcode
+                raise LoadgenError(f"{self.specs[i].role} worker {i} died (exit {code})") from None
             if msg[0] == "error":
                 raise LoadgenError(msg[1])
             if msg[0] != kind:
@@ -706,6 +854,17 @@ def _aggregate(
         "duration_s": rx_s,
         "msgs_per_s": received / rx_s if rx_s > 0 else 0.0,
         "latency_ms": _percentiles(samples),
+        # stall: the longest stretch in which a subscriber process got nothing between its
+        # first and last delivery (a broker pausing); lag: how late that process's own loop
+        # ran (a busy generator; stalls shorter than the lag may be the generator's).
+        "timeline": timeline_stats(_sum_timelines(sub_results), send_s)
+        | {
+            "tail_s": (rx_last - send_last) / 1e9 if rx_last and send_last else None,
+            "stall_max_s": max((r["stall_max_s"] for r in sub_results), default=None),
+            "generator_loop_lag_max_s": max(
+                (r["loop_lag_max_s"] for r in sub_results), default=None
+            ),
+        },
         "cpu": {
             "wall_s": wall,
             "publishers_s": pub_cpu,
@@ -724,6 +883,32 @@ def _aggregate(
             else None,
             "cpus": os.cpu_count(),
         },
+    }
+
+
+def _sum_timelines(sub_results: list[dict[str, Any]]) -> list[int]:
+    """Add up the workers' cumulative counts (same sample times; a short list holds its last)."""
+    lists = [r["timeline"] for r in sub_results if r.get("timeline")]
+    steps = max((len(x) for x in lists), default=0)
+    return [sum(x[min(k, len(x) - 1)] for x in lists) for k in range(steps)]
+
+
+def timeline_stats(cumulative: list[int], send_s: float) -> dict[str, Any]:
+    """Deliveries per TIMELINE_STEP_S (all subscribers) from the summed cumulative counts, and
+    the slowest and fastest whole second of delivery while publishing (`send_s` seconds from
+    the start), the first second left out (ramp-up)."""
+    step = TIMELINE_STEP_S
+    per_step = [b - a for a, b in itertools.pairwise(cumulative)]
+    last = max((i for i, n in enumerate(per_step) if n), default=-1)
+    per_s = round(1 / step)
+    seconds = [
+        sum(per_step[i : i + per_s]) for i in range(per_s, int(send_s / step) - per_s + 1, per_s)
+    ]
+    return {
+        "step_s": step,
+        "per_step": per_step[: last + 1],
+        "min_rate_1s": min(seconds, default=None),
+        "max_rate_1s": max(seconds, default=None),
     }
 
 
@@ -756,8 +941,135 @@ def fanout(target: Target, options: LoadOptions, subscribers: int = 4) -> dict[s
     return {"scenario": "fanout", **run_clients(target, options, [(f"p{run}-0", topic)], subs)}
 
 
+def idle(
+    target: Target, options: LoadOptions, connections: int = 10_000, *, settle_s: float = 2.0
+) -> dict[str, Any]:
+    """N clients connect (clean session, `options.keepalive`) and sit idle; the broker's RSS
+    per connection is (RSS at the end of the hold - RSS before connecting) / connected.
+
+    The clients are spread over `options.sub_procs` processes (default: one per CPU), each
+    running `options.connect_concurrency` handshakes at a time. After every client has its
+    CONNACK (or failed), the parent waits `settle_s`, then holds the connections for
+    `options.duration` seconds sampling the broker's RSS twice a second and its CPU (a broker
+    doing work per idle connection shows here), then the clients disconnect and the RSS is
+    sampled once more. Needs `target.pid` for the memory figures.
+    """
+    from bench.brokers import cpu_seconds, rss_kib  # parent-only import
+
+    if connections < 1:
+        raise ValueError("connections must be positive")
+    nofile = raise_nofile()
+    pid = target.pid
+
+    def rss() -> int | None:
+        return rss_kib(pid) if pid else None
+
+    def cpu() -> float | None:
+        return cpu_seconds(pid) if pid else None
+
+    run = _run_id()
+    groups = _split(
+        [(f"i{run}-{i}", "") for i in range(connections)],
+        options.sub_procs or max(2, os.cpu_count() or 1),
+    )
+    workers = _Workers()
+    indexes = list(range(len(groups)))
+    samples: list[tuple[float, int | None]] = []
+    try:
+        for group in groups:
+            workers.start(_WorkerSpec("idle", target.host, target.port, group, options))
+        workers.expect(indexes, "ready", options.connect_timeout + 60)
+        time.sleep(settle_s / 2)
+        rss_before = rss()
+        cpu0 = cpu()
+        t0 = time.monotonic()
+        for pipe in workers.pipes:
+            pipe.send(("go", 0, 0))
+        # Generous: the handshakes are bounded by connect_timeout each in the workers.
+        limit = options.connect_timeout * 3 + connections / 100 + 60
+        reports = workers.expect(indexes, "connected", limit)
+        connect_wall = time.monotonic() - t0
+        cpu_connected = cpu()
+        time.sleep(settle_s)
+        rss_connected = rss()
+        hold0 = time.monotonic()
+        cpu_hold0 = cpu()
+        end = hold0 + options.duration
+        while (now := time.monotonic()) < end:
+            samples.append((round(now - t0, 2), rss()))
+            time.sleep(min(0.5, max(0.0, end - now)))
+        rss_end = rss()
+        cpu_hold1 = cpu()
+        hold_s = time.monotonic() - hold0
+        for pipe in workers.pipes:
+            pipe.send(("finish",))
+        done = workers.expect(indexes, "done", options.drain_timeout + 60)
+        time.sleep(settle_s / 2)
+        rss_closed = rss()
+    finally:
+        workers.close()
+
+    connected = sum(r["connected"] for r in reports)
+    errors: dict[str, int] = {}
+    for r in done:
+        for key, n in r["errors"].items():
+            errors[key] = errors.get(key, 0) + n
+
+    def per_conn(after: int | None) -> float | None:
+        if after is None or rss_before is None or not connected:
+            return None
+        return (after - rss_before) / connected
+
+    def spent(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None else b - a
+
+    cpu_connect = spent(cpu0, cpu_connected)
+    cpu_hold = spent(cpu_hold0, cpu_hold1)
+    gen_cpu = sum(r["cpu_s"] for r in done)
+    return {
+        "scenario": "idle",
+        "target": {"host": target.host, "port": target.port, "null": target.null},
+        "options": asdict(options),
+        "connections": connections,
+        "procs": len(groups),
+        "nofile_limit": nofile,
+        "connected": connected,
+        "failed": sum(r["failed"] for r in done),
+        "errors": dict(sorted(errors.items(), key=lambda kv: -kv[1])[:5]),
+        "lost_during_hold": sum(r["lost"] for r in done),
+        "connect_s": connect_wall,
+        "connects_per_s": connected / connect_wall if connect_wall > 0 else None,
+        "hold_s": hold_s,
+        "rss_kib": {
+            "before": rss_before,
+            "connected": rss_connected,
+            "end_of_hold": rss_end,
+            "peak_during_hold": max((kib for _, kib in samples if kib), default=None),
+            "after_close": rss_closed,
+        },
+        "kib_per_connection": per_conn(rss_end),
+        "kib_per_connection_at_connect": per_conn(rss_connected),
+        "rss_samples": samples,
+        "cpu": {
+            "broker_connect_s": cpu_connect,
+            "broker_us_per_connect": cpu_connect / connected * 1e6
+            if cpu_connect is not None and connected
+            else None,
+            "broker_hold_s": cpu_hold,
+            "broker_cores": cpu_hold / hold_s if cpu_hold is not None and hold_s else None,
+            "generator_s": gen_cpu,
+        },
+    }
+
+
 def run_scenario(
-    name: str, target: Target, options: LoadOptions, *, publishers: int = 4, subscribers: int = 4
+    name: str,
+    target: Target,
+    options: LoadOptions,
+    *,
+    publishers: int = 4,
+    subscribers: int = 4,
+    connections: int = 10_000,
 ) -> dict[str, Any]:
     if name == "fanin":
         return fanin(target, options, publishers)
@@ -765,6 +1077,8 @@ def run_scenario(
         return pairs(target, options, publishers)
     if name == "fanout":
         return fanout(target, options, subscribers)
+    if name == "idle":
+        return idle(target, options, connections)
     raise ValueError(f"unknown scenario {name!r}; choose from {', '.join(SCENARIOS)}")
 
 
@@ -779,14 +1093,33 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
         "--publishers", type=int, default=4, help="fanin publishers / pairs count (default 4)"
     )
     parser.add_argument("--subscribers", type=int, default=4, help="fanout subscribers")
-    parser.add_argument("--duration", type=float, default=10.0, help="seconds (default 10)")
+    parser.add_argument(
+        "--connections", type=int, default=10_000, help="idle connections (default 10000)"
+    )
+    parser.add_argument(
+        "--keepalive", type=int, default=0, help="CONNECT keepalive seconds (default 0 = none)"
+    )
+    parser.add_argument(
+        "--connect-concurrency",
+        type=int,
+        default=64,
+        help="idle: handshakes in progress per process (default 64)",
+    )
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=10.0,
+        help="seconds of publishing; idle: seconds the connections are held (default 10)",
+    )
     parser.add_argument("--count", type=int, help="messages per publisher (ends early)")
     parser.add_argument("--rate", type=float, help="total msgs/s target (default: max)")
     parser.add_argument("--payload", type=int, default=64, help="payload bytes (default 64)")
     parser.add_argument("--batch", type=int, default=64, help="QoS 0 packets per write")
     parser.add_argument("--window", type=int, default=32, help="QoS 1 in-flight per connection")
     parser.add_argument("--pub-procs", type=int, help="publisher processes (default: CPUs)")
-    parser.add_argument("--sub-procs", type=int, help="subscriber processes (default: CPUs)")
+    parser.add_argument(
+        "--sub-procs", type=int, help="subscriber (idle: client) processes (default: CPUs)"
+    )
     parser.add_argument("--sample-every", type=int, default=16, help="latency sample interval")
     parser.add_argument(
         "--drain-timeout",
@@ -809,6 +1142,8 @@ def options_from_args(args: argparse.Namespace) -> LoadOptions:
         sub_procs=args.sub_procs,
         sample_every=args.sample_every,
         drain_timeout=args.drain_timeout,
+        keepalive=args.keepalive,
+        connect_concurrency=args.connect_concurrency,
     )
 
 
@@ -838,6 +1173,7 @@ def main(argv: list[str] | None = None) -> int:
                 options,
                 publishers=args.publishers,
                 subscribers=args.subscribers,
+                connections=args.connections,
             )
     else:
         target = Target(args.host, args.port, args.broker_pid)
@@ -847,6 +1183,7 @@ def main(argv: list[str] | None = None) -> int:
             options,
             publishers=args.publishers,
             subscribers=args.subscribers,
+            connections=args.connections,
         )
     json.dump(result, sys.stdout, indent=2)
     print()

@@ -367,13 +367,15 @@ class Connection:
                 raise ProtocolError("receive maximum exceeded", ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
         broker = self.broker
         seq = broker.accept_publish(self, packet, now)
-        if broker.journal.backlog > broker.settings.max_journal_backlog:
+        if (
+            broker.journal.backlog > broker.settings.max_journal_backlog
+            and self not in broker.paused_readers
+        ):
             # The journal is behind: stop reading from this publisher until it catches up,
             # rather than accept what we cannot make durable.
-            if self not in broker.paused_readers:
-                broker.stats.reads_paused += 1
-                self.pause_reading()
-                broker.paused_readers.add(self)
+            broker.stats.reads_paused += 1
+            self.pause_reading()
+            broker.paused_readers.add(self)
         if qos == QoS.AT_MOST_ONCE:
             return
         pid = packet.packet_id
