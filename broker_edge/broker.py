@@ -42,6 +42,8 @@ from broker_edge.packets import (
 from broker_edge.retained import RetainedStore
 from broker_edge.session import Outbound, OutState, Pending, Session
 from broker_edge.settings import EdgeSettings
+from broker_edge.tenancy import EDGE_CLIENT_ID, Tenancy
+from broker_edge.tenants import OPERATOR_TENANT, TenantsConfig
 from broker_edge.topics import parse_subscription_filter
 from broker_edge.trie import TopicTrie
 from schemas.journal import DEFAULT_TENANT
@@ -142,6 +144,7 @@ class Broker:
         settings: EdgeSettings,
         journal: Journal,
         wall_clock_us: Callable[[], int] = lambda: time.time_ns() // 1000,
+        tenants: TenantsConfig | None = None,
     ) -> None:
         self.settings = settings
         self.journal = journal
@@ -151,6 +154,7 @@ class Broker:
         self.connections: dict[tuple[str, str], Connection] = {}
         self.dirty: set[Connection] = set()
         self.stats = Stats()
+        self.tenancy = Tenancy(self, tenants)
         self.valid_topics: set[str] = set()
         # Set when a persistent session's shape changes (created, subscribed, dropped): the node
         # then snapshots soon, so a crash cannot forget a subscription for long.
@@ -182,10 +186,17 @@ class Broker:
     # -- connect / disconnect --------------------------------------------------------------------
 
     def authenticate(self, conn: Connection, packet: Connect) -> int | None:
-        """Bind the connection to a tenant; a reason code refuses it. One anonymous tenant
-        for now (the embedded default)."""
-        conn.tenant = DEFAULT_TENANT
-        return None
+        """Bind the connection to a tenant; a reason code refuses it."""
+        return self.tenancy.authenticate(conn, packet)
+
+    def internal_publish(
+        self, tenant: str, topic: str, payload: bytes, *, retain: bool = False
+    ) -> None:
+        """A publish made by the edge itself (log event, counter, quota state): journaled and
+        routed like any other, not counted as the tenant's traffic."""
+        self._accept(
+            tenant, EDGE_CLIENT_ID, Publish(topic=topic, payload=payload, retain=retain), None
+        )
 
     def open_session(self, conn: Connection, packet: Connect, now: float) -> tuple[Session, bool]:
         key = (conn.tenant, conn.client_id)
@@ -193,6 +204,12 @@ class Broker:
         if previous is not None and previous is not conn:
             # Client takeover [MQTT-3.1.4-3]: the older connection is closed.
             log.info("client %s taken over from %s", conn.client_id, previous.peer)
+            self.tenancy.log(
+                conn.tenant,
+                "session_taken_over",
+                conn.client_id,
+                {"old_peer": previous.peer, "new_peer": conn.peer},
+            )
             previous.close(0x8E)
             self._detach(previous, now)
         if conn.version == ProtocolVersion.MQTT_5:
@@ -225,6 +242,20 @@ class Broker:
         session.connection = conn
         session.disconnected_at = None
         self.connections[key] = conn
+        connected = self.tenancy.connected
+        connected[conn.tenant] = connected.get(conn.tenant, 0) + 1
+        self.tenancy.log(
+            conn.tenant,
+            "connect",
+            conn.client_id,
+            {
+                "peer": conn.peer,
+                "protocol": int(conn.version),
+                "clean_start": packet.clean_start,
+                "keepalive": conn.keepalive,
+                "session_present": present,
+            },
+        )
         return session, present
 
     def session_resumed(self, conn: Connection, session: Session) -> None:
@@ -275,6 +306,17 @@ class Broker:
         key = (conn.tenant, conn.client_id)
         if self.connections.get(key) is conn:
             del self.connections[key]
+            self.tenancy.connected[conn.tenant] -= 1
+            self.tenancy.log(
+                conn.tenant,
+                "disconnect",
+                conn.client_id,
+                {
+                    "peer": conn.peer,
+                    "clean": conn.clean_disconnect,
+                    "reason_code": conn.close_reason,
+                },
+            )
         if session.connection is conn:
             session.connection = None
             session.disconnected_at = now
@@ -309,8 +351,12 @@ class Broker:
     def accept_publish(self, conn: Connection, packet: Publish, now: float) -> int:
         """Journal, retain and route one inbound publish; returns its journal seq."""
         stats = self.stats
+        size = len(packet.payload)
         stats.messages_in += 1
-        stats.bytes_in += len(packet.payload)
+        stats.bytes_in += size
+        usage = conn.usage
+        usage.messages_in += 1
+        usage.bytes_in += size
         return self._accept(conn.tenant, conn.client_id, packet, conn)
 
     def _accept(
@@ -343,6 +389,8 @@ class Broker:
             ns = self.namespace(tenant)
         if retain:
             ns.retained.set(message)
+        if tenant == OPERATOR_TENANT:
+            self.tenancy.control_message(tenant, topic, packet.payload)
         matches = ns.subscriptions.match(topic)
         if matches:
             self._route(matches, message, publisher)
@@ -450,6 +498,16 @@ class Broker:
     ) -> bool:
         ok = session.enqueue(Pending(message, qos, retain, sub_ids))
         if not ok and (session.dropped in {1, 10, 100, 1000} or session.dropped % 10_000 == 0):
+            self.tenancy.log(
+                session.tenant,
+                "queue_overflow",
+                session.client_id,
+                {
+                    "max_queued_messages": session.max_queued,
+                    "max_queued_bytes": session.max_queued_bytes,
+                    "dropped": session.dropped,
+                },
+            )
             log.warning(
                 "queue of %s/%s full (%d messages / %d bytes): dropped %d message(s) so far",
                 session.tenant,
@@ -465,8 +523,12 @@ class Broker:
             self._send(conn, None, message, QoS.AT_MOST_ONCE, retain, ())
             return
         stats = self.stats
+        size = len(message.payload)
         stats.messages_out += 1
-        stats.bytes_out += len(message.payload)
+        stats.bytes_out += size
+        usage = conn.usage
+        usage.messages_out += 1
+        usage.bytes_out += size
         key = conn.version * 2 + retain
         encoded = message.encoded
         if encoded is None:
@@ -495,8 +557,11 @@ class Broker:
         data = self._encode(conn, message, qos, retain, pid, sub_ids=sub_ids)
         if data is None:
             return  # over the client's maximum packet size: dropped [MQTT-3.1.2-25]
+        size = len(message.payload)
         self.stats.messages_out += 1
-        self.stats.bytes_out += len(message.payload)
+        self.stats.bytes_out += size
+        conn.usage.messages_out += 1
+        conn.usage.bytes_out += size
         if pid is not None:
             assert session is not None
             state = OutState.AWAIT_PUBACK if qos == QoS.AT_LEAST_ONCE else OutState.AWAIT_PUBREC
@@ -689,6 +754,7 @@ class Broker:
                 shared.members[session.client_id] = sub
         for message in retained:
             self.namespace(message.tenant).retained.set(message)
+            self.tenancy.control_message(message.tenant, message.topic, message.payload)
 
     def replay(self, message: Message) -> None:
         """Re-apply a journal record written after the snapshot: retain it, queue it for the
@@ -696,6 +762,7 @@ class Broker:
         ns = self.namespace(message.tenant)
         if message.retain:
             ns.retained.set(message)
+        self.tenancy.control_message(message.tenant, message.topic, message.payload)
         matches = ns.subscriptions.match(message.topic)
         if matches:
             self._route(matches, message, None)
@@ -766,9 +833,12 @@ class Broker:
             exc,
             int(exc.reason_code),
         )
-
-    def log_denied_publish(self, conn: Connection, topic: str) -> None:
-        log.info("publish to reserved topic %r by %s refused", topic, conn.client_id)
+        self.tenancy.log(
+            conn.tenant or OPERATOR_TENANT,
+            "malformed_packet",
+            conn.client_id,
+            {"peer": conn.peer, "reason_code": int(exc.reason_code), "error": str(exc)[:200]},
+        )
 
     def close_all(self, reason: int) -> None:
         for conn in list(self.connections.values()):

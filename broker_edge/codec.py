@@ -178,6 +178,16 @@ def _read_varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
     raise MalformedPacket("variable byte integer longer than four bytes")
 
 
+def _read_remaining_length(buf: bytes, pos: int, end: int) -> tuple[int, int] | None:
+    """``_read_varint`` for the fixed header: None while its last byte has not arrived."""
+    for stop in range(pos, min(end, pos + 4)):
+        if not buf[stop] & 0x80:
+            return _read_varint(buf, pos, stop + 1)
+    if end - pos >= 4:
+        raise MalformedPacket("variable byte integer longer than four bytes")  # 1.5.5
+    return None
+
+
 def _read_packet_id(buf: bytes, pos: int, end: int) -> int:
     packet_id = _read_u16(buf, pos, end)
     if packet_id == 0:
@@ -519,21 +529,27 @@ def _decode_connack(flags: int, body: bytes, v5: bool) -> Connack:
     return Connack(session_present, code, properties)
 
 
-def _decode_publish(flags: int, body: bytes, v5: bool) -> Publish:
-    # The hot path: fields are read inline. QoS 3 and DUP were checked with the header.
-    end = len(body)
-    if end < 2:
+def _decode_publish(first: int, buf: bytes, pos: int, end: int, v5: bool) -> Publish:
+    """PUBLISH from ``buf[pos:end]``, read in place: the hot path, so no field helpers and one
+    slice per field. QoS 3 and DUP were checked with the fixed header (``first``)."""
+    if pos + 2 > end:
         raise MalformedPacket("truncated PUBLISH topic")
-    pos = 2 + ((body[0] << 8) | body[1])
-    if pos > end:
+    topic_end = pos + 2 + ((buf[pos] << 8) | buf[pos + 1])
+    if topic_end > end:
         raise MalformedPacket("PUBLISH topic runs past the end of the packet")
-    topic = _utf8(body[2:pos])
-    qos = (flags >> 1) & 0x03
+    try:
+        topic = buf[pos + 2 : topic_end].decode()
+    except UnicodeDecodeError as exc:
+        raise MalformedPacket(f"ill-formed UTF-8 string: {exc.reason}") from exc
+    if "\x00" in topic:
+        raise MalformedPacket("UTF-8 string contains U+0000")  # as _utf8 [MQTT-1.5.3-2]
+    pos = topic_end
+    qos = (first >> 1) & 0x03
     packet_id = None
     if qos:
         if pos + 2 > end:
             raise MalformedPacket("truncated PUBLISH packet identifier")
-        packet_id = (body[pos] << 8) | body[pos + 1]
+        packet_id = (buf[pos] << 8) | buf[pos + 1]
         if not packet_id:
             raise ProtocolError("PUBLISH packet identifier 0")  # [MQTT-2.3.1-1]
         pos += 2
@@ -541,19 +557,24 @@ def _decode_publish(flags: int, body: bytes, v5: bool) -> Publish:
     if v5:
         if pos >= end:
             raise MalformedPacket("PUBLISH without property length")
-        if body[pos] == 0:  # fast path: no properties
+        if buf[pos] == 0:  # fast path: no properties
             pos += 1
         else:
-            properties, pos = _decode_properties(body, pos, end, PacketType.PUBLISH)
+            properties, pos = _decode_properties(buf, pos, end, PacketType.PUBLISH)
     return Publish(
         topic,
-        body[pos:],
+        buf[pos:end],
         _QOS[qos],
-        bool(flags & 0x01),
-        bool(flags & 0x08),
+        first & 0x01 != 0,
+        first & 0x08 != 0,
         packet_id,
         properties,
     )
+
+
+def _decode_publish_body(flags: int, body: bytes, v5: bool) -> Publish:
+    # _decode_publish reads only the flag bits of its ``first`` argument.
+    return _decode_publish(flags, body, 0, len(body), v5)
 
 
 def _decode_ack_fields(
@@ -715,7 +736,7 @@ _DECODERS: Final[tuple[_BodyDecoder, ...]] = (
     _decode_connect,  # index 0 is never used: type 0 is rejected with the header
     _decode_connect,
     _decode_connack,
-    _decode_publish,
+    _decode_publish_body,
     _decode_puback,
     _decode_pubrec,
     _decode_pubrel,
@@ -733,95 +754,24 @@ _DECODERS: Final[tuple[_BodyDecoder, ...]] = (
 
 # -- the decoder ----------------------------------------------------------------------------------
 
-_COMPACT_AT: Final = 64 * 1024
-
-
-class _ReceiveBuffer:
-    """Received bytes with a committed read offset and a tentative cursor ahead of it.
-
-    Reads move the cursor; ``commit`` makes them final, ``rollback`` undoes them (a header or
-    body that is not complete yet). The consumed prefix is dropped lazily: all at once when
-    everything was read, otherwise only once it is large and more than half of the buffer.
-    """
-
-    __slots__ = ("_committed", "_cursor", "_data")
-
-    def __init__(self) -> None:
-        self._data = bytearray()
-        self._committed = 0
-        self._cursor = 0
-
-    def __len__(self) -> int:
-        """Bytes not yet committed as read."""
-        return len(self._data) - self._committed
-
-    @property
-    def tentative(self) -> int:
-        """Bytes read since the last commit or rollback."""
-        return self._cursor - self._committed
-
-    def feed(self, data: bytes) -> None:
-        self._data += data
-
-    def read_byte(self) -> int | None:
-        cursor = self._cursor
-        if cursor >= len(self._data):
-            return None
-        self._cursor = cursor + 1
-        return self._data[cursor]
-
-    def read_varint(self) -> int | None:
-        """A variable byte integer [MQTT-1.5.5-1], or None if its last byte has not arrived."""
-        data = self._data
-        cursor = self._cursor
-        stop = len(data)
-        value = 0
-        for shift in (0, 7, 14, 21):
-            if cursor >= stop:
-                return None
-            byte = data[cursor]
-            cursor += 1
-            value |= (byte & 0x7F) << shift
-            if not byte & 0x80:
-                if byte == 0 and shift:
-                    raise MalformedPacket("variable byte integer not minimally encoded")
-                self._cursor = cursor
-                return value
-        raise MalformedPacket("variable byte integer longer than four bytes")  # 1.5.5
-
-    def read_exact(self, count: int) -> bytes | None:
-        start = self._cursor
-        stop = start + count
-        if stop > len(self._data):
-            return None
-        self._cursor = stop
-        if count < 4096:  # slice-and-convert copies twice, but is cheapest for small bodies
-            return bytes(self._data[start:stop])
-        with memoryview(self._data) as view:
-            return view[start:stop].tobytes()
-
-    def commit(self) -> None:
-        committed = self._committed = self._cursor
-        size = len(self._data)
-        if committed == size:
-            self._data.clear()
-            self._committed = self._cursor = 0
-        elif committed >= _COMPACT_AT and committed * 2 >= size:
-            del self._data[:committed]
-            self._committed = self._cursor = 0
-
-    def rollback(self) -> None:
-        self._cursor = self._committed
-
 
 class Decoder:
     """Incremental MQTT packet decoder: ``feed`` bytes, then take packets from ``next_packet``.
 
     ``max_packet_size`` bounds the whole packet (fixed header included, as the MQTT 5.0 Maximum
     Packet Size does); it may be lowered later, e.g. once the broker settings are known.
+
+    Buffering: ``_data[_pos:]`` is what has not been returned yet. ``_data`` is immutable
+    ``bytes``, so a field is one slice of it (no bytearray-to-bytes copy) and a feed that finds
+    everything consumed is kept as it is, uncopied. A feed that arrives while bytes are left
+    over waits in ``_chunks`` and is joined to them only when the packet at ``_pos`` needs it:
+    a fixed header still incomplete, or a body that the chunks complete. So a large packet that
+    trickles in is copied once when it is whole, not once per feed, and a buffer holding
+    thousands of small packets is walked, never copied. A packet is consumed by moving ``_pos``
+    past it; nothing is read tentatively, so there is nothing to roll back.
     """
 
-    __slots__ = ("_buffer", "max_packet_size", "protocol_version")
+    __slots__ = ("_chunked", "_chunks", "_data", "_pos", "max_packet_size", "protocol_version")
 
     def __init__(
         self,
@@ -831,17 +781,25 @@ class Decoder:
     ) -> None:
         if max_packet_size < 2:
             raise LocalProtocolError(f"max_packet_size {max_packet_size} is below 2")
-        self._buffer = _ReceiveBuffer()
+        self._data = b""
+        self._pos = 0
+        self._chunks: list[bytes] = []
+        self._chunked = 0  # bytes in _chunks
         self.max_packet_size = max_packet_size
         self.protocol_version = protocol_version
 
     @property
     def buffered(self) -> int:
         """Bytes received but not yet returned as part of a packet."""
-        return len(self._buffer)
+        return len(self._data) - self._pos + self._chunked
 
     def feed(self, data: bytes) -> None:
-        self._buffer.feed(data)
+        if self._pos == len(self._data) and not self._chunks:
+            self._data = bytes(data)  # the same object when it is bytes already
+            self._pos = 0
+        elif data:
+            self._chunks.append(bytes(data))
+            self._chunked += len(data)
 
     def packets(self) -> Iterator[Packet]:
         """Every complete packet buffered so far."""
@@ -850,33 +808,76 @@ class Decoder:
 
     def next_packet(self) -> Packet | None:
         """The next complete packet, or None until more bytes arrive."""
-        buffer = self._buffer
-        first = buffer.read_byte()
-        if first is None:
+        # The hot path reads a whole packet with a one- or two-byte remaining length straight
+        # from _data; everything else (a header or body not all in _data, a longer or malformed
+        # remaining length, an oversized packet) goes to _next_packet_slow, which checks in the
+        # same order as this path does: fixed header, remaining length, size, body.
+        data = self._data
+        pos = self._pos
+        end = len(data)
+        if pos + 2 <= end:
+            first = data[pos]
+            stop = data[pos + 1]
+            start = pos + 2
+            if stop & 0x80:
+                if start == end or not 0 < data[start] < 0x80:
+                    return self._next_packet_slow()
+                stop = (stop & 0x7F) | (data[start] << 7)
+                start += 1
+            stop += start
+            if stop <= end and stop - pos <= self.max_packet_size:
+                version = self.protocol_version
+                # A valid PUBLISH on an established connection skips the header checks.
+                if (
+                    first & 0xF0 == 0x30
+                    and first & 0x06 != 0x06
+                    and first & 0x0E != 0x08
+                    and version
+                ):
+                    self._pos = stop
+                    return _decode_publish(first, data, start, stop, version == _V5)
+                self._check_first_byte(first >> 4, first & 0x0F)
+                self._pos = stop
+                return self._decode(first, data[start:stop])
+        return self._next_packet_slow()
+
+    def _next_packet_slow(self) -> Packet | None:
+        data = self._data
+        pos = self._pos
+        end = len(data)
+        if pos == end:
+            return self._join_and_retry() if self._chunks else None
+        first = data[pos]
+        self._check_first_byte(first >> 4, first & 0x0F)
+        header = _read_remaining_length(data, pos + 1, end)
+        if header is None:
+            return self._join_and_retry() if self._chunks else None
+        remaining, start = header
+        size = start - pos + remaining
+        if size > self.max_packet_size:
+            # [MQTT-3.2.2-15]: refused from the header, before the body is buffered.
+            raise PacketTooLarge(
+                f"packet of {size} bytes exceeds the maximum of {self.max_packet_size}"
+            )
+        stop = start + remaining
+        if stop > end:
+            if stop - end <= self._chunked:
+                return self._join_and_retry()
             return None
-        packet_type = first >> 4
-        flags = first & 0x0F
+        self._pos = stop
+        return self._decode(first, data[start:stop])
+
+    def _join_and_retry(self) -> Packet | None:
+        self._data = b"".join((memoryview(self._data)[self._pos :], *self._chunks))
+        self._pos = 0
+        self._chunks.clear()
+        self._chunked = 0
+        return self.next_packet()
+
+    def _decode(self, first: int, body: bytes) -> Packet:
+        """A packet whose fixed header passed the checks, from its body."""
         version = self.protocol_version
-        # A valid PUBLISH on an established connection skips the checks (the hot path).
-        if packet_type != _PUBLISH or flags & 0x06 == 0x06 or flags & 0x0E == 0x08 or not version:
-            self._check_first_byte(packet_type, flags)
-        remaining = buffer.read_varint()
-        if remaining is None:
-            buffer.rollback()
-            return None
-        if remaining + 5 > self.max_packet_size:  # cheap bound first, exact size only then
-            size = buffer.tentative + remaining
-            if size > self.max_packet_size:
-                # [MQTT-3.2.2-15]: refused from the header, before the body is buffered.
-                raise PacketTooLarge(
-                    f"packet of {size} bytes exceeds the maximum of {self.max_packet_size}"
-                )
-        body = buffer.read_exact(remaining)
-        if body is None:
-            buffer.rollback()
-            return None
-        buffer.commit()
-        packet = _DECODERS[packet_type](flags, body, version == _V5)
+        packet = _DECODERS[first >> 4](first & 0x0F, body, version == _V5)
         if version is None and isinstance(packet, Connect):
             # Only a CONNECT gets here (see _check_first_byte); the server learns the version.
             self.protocol_version = packet.protocol_version
@@ -904,6 +905,33 @@ class Decoder:
 # -- encoding -------------------------------------------------------------------------------------
 
 _NO_PROPERTIES_BYTES: Final = b"\x00"
+# Every fixed header of a PUBLISH whose remaining length fits one byte, by flags << 7 | length.
+_SHORT_PUBLISH_HEADERS: Final = tuple(
+    bytes((0x30 | flags, length)) for flags in range(16) for length in range(128)
+)
+# Topic names as they go on the wire (length prefix + UTF-8), memoised: fan-out encodes the same
+# few topics over and over. A pure function's cache, bounded by clearing it when full.
+_TOPIC_WIRE_CACHE: Final[dict[str, bytes]] = {}
+_TOPIC_WIRE_CACHE_SIZE: Final = 4096
+
+
+def _topic_wire(topic: str | bytes) -> bytes:
+    """Length prefix + UTF-8 of a topic name (bytes are trusted to be UTF-8 already)."""
+    if isinstance(topic, str):
+        cached = _TOPIC_WIRE_CACHE.get(topic)
+        if cached is not None:
+            return cached
+        raw = _utf8_bytes(topic)
+    else:
+        raw = topic
+    if len(raw) > 0xFFFF:
+        raise LocalProtocolError(f"topic of {len(raw)} bytes is longer than 65535")
+    wire = len(raw).to_bytes(2, "big") + raw
+    if isinstance(topic, str):
+        if len(_TOPIC_WIRE_CACHE) >= _TOPIC_WIRE_CACHE_SIZE:
+            _TOPIC_WIRE_CACHE.clear()
+        _TOPIC_WIRE_CACHE[topic] = wire
+    return wire
 
 
 def encode_publish(  # positional on purpose: the delivery hot path
@@ -921,10 +949,10 @@ def encode_publish(  # positional on purpose: the delivery hot path
     ``topic`` may be given already UTF-8 encoded (no length prefix) so a fan-out encodes it
     once for all subscribers; such bytes are trusted to be valid.
     """
-    topic_bytes = _utf8_bytes(topic) if isinstance(topic, str) else topic
-    topic_length = len(topic_bytes)
-    if topic_length > 0xFFFF:
-        raise LocalProtocolError(f"topic of {topic_length} bytes is longer than 65535")
+    # A cache hit is one dict lookup; _topic_wire is only called on a miss.
+    topic_wire = _TOPIC_WIRE_CACHE.get(topic) if isinstance(topic, str) else None
+    if topic_wire is None:
+        topic_wire = _topic_wire(topic)
     if qos == 0:
         if packet_id is not None:
             raise LocalProtocolError("QoS 0 PUBLISH with a packet identifier")  # [MQTT-2.3.1-5]
@@ -943,19 +971,13 @@ def encode_publish(  # positional on purpose: the delivery hot path
         props = _NO_PROPERTIES_BYTES
     else:
         props = _encode_properties(properties, _PUBLISH)
-    first = 0x30 | (qos << 1) | (0x08 if dup else 0) | (0x01 if retain else 0)
-    remaining = 2 + topic_length + len(id_bytes) + len(props) + len(payload)
-    return b"".join(
-        (
-            bytes((first,)),
-            _varint(remaining),
-            topic_length.to_bytes(2, "big"),
-            topic_bytes,
-            id_bytes,
-            props,
-            payload,
-        )
-    )
+    flags = (qos << 1) | (0x08 if dup else 0) | (0x01 if retain else 0)
+    remaining = len(topic_wire) + len(id_bytes) + len(props) + len(payload)
+    if remaining < 128:
+        header = _SHORT_PUBLISH_HEADERS[flags << 7 | remaining]
+    else:
+        header = bytes((0x30 | flags,)) + _varint(remaining)
+    return b"".join((header, topic_wire, id_bytes, props, payload))
 
 
 def _encode_connect(packet: Connect, version: ProtocolVersion) -> bytes:

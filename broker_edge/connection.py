@@ -54,6 +54,8 @@ from broker_edge.packets import (
     Unsuback,
     Unsubscribe,
 )
+from broker_edge.plim import TenantUsage
+from broker_edge.tenants import ALLOW_ALL, Acl
 from broker_edge.topics import InvalidTopic, parse_subscription_filter, validate_topic_name
 
 if TYPE_CHECKING:
@@ -94,8 +96,12 @@ class Connection:
         "__weakref__",
         "_alias_in",
         "_alias_out",
+        "acl",
         "alias_out_max",
         "broker",
+        "bucket",
+        "bucket_at",
+        "call_later",
         "clean_disconnect",
         "client_id",
         "close_reason",
@@ -107,14 +113,19 @@ class Connection:
         "keepalive",
         "last_rx",
         "max_packet_out",
+        "max_payload",
+        "operator",
         "out",
         "pause_reading",
         "peer",
+        "rate",
         "receive_maximum_out",
         "resume_reading",
         "session",
         "state",
         "tenant",
+        "token",
+        "usage",
         "version",
         "will",
         "will_delay",
@@ -152,6 +163,17 @@ class Connection:
         self._alias_out: dict[str, int] | None = None
         self._alias_in: dict[int, str] | None = None
         self.inbound_unacked = 0  # QoS 1/2 publishes received and not yet fully acknowledged
+        # Tenancy: set at CONNECT by the broker (broker_edge.tenancy).
+        self.token: str | None = None
+        self.acl: Acl = ALLOW_ALL
+        self.operator = False
+        self.usage = _NO_USAGE
+        self.max_payload = 0  # 0: no limit beyond the protocol's
+        self.rate = 0.0  # messages per second allowed (token bucket); 0: unlimited
+        self.bucket = 0.0
+        self.bucket_at = now
+        # Set by the listener: run a callback after a delay (loop.call_later).
+        self.call_later: Callable[[float, Callable[[], None]], object] = _never
         self.out: list[bytes] = []
         self.write_paused = False
         self.closing = False
@@ -351,12 +373,33 @@ class Connection:
             # [MQTT-4.3.3-10].
             self.send(Pubrec(packet_id=packet.packet_id))
             return
-        if packet.topic.startswith("$"):
-            # Topics starting with "$" are the platform's own [MQTT-4.7.2-1]; clients may not
-            # publish there. QoS > 0 is still acknowledged (3.1.1 has no negative ack).
-            self.broker.log_denied_publish(self, packet.topic)
-            self._ack_refused(packet)
-            return
+        broker = self.broker
+        if (
+            topic[0] == "$"
+            or self.acl is not ALLOW_ALL
+            or self.max_payload
+            or broker.tenancy.blocked
+        ):
+            refusal = broker.tenancy.refuse_publish(self, packet)
+            if refusal is not None:
+                if (
+                    refusal == ReasonCode.QUOTA_EXCEEDED
+                    and qos != QoS.AT_MOST_ONCE
+                    and self.version != ProtocolVersion.MQTT_5
+                    and self.tenant in broker.tenancy.blocked
+                ):
+                    # 3.1.1 cannot refuse a QoS 1/2 publish: leave it unacknowledged and close.
+                    self.close(None)
+                    return
+                self._ack_refused(packet, refusal)
+                return
+        if self.rate:
+            pause = broker.tenancy.take_token(self, now)
+            if pause > 0:
+                # Over its message rate: stop reading from this client for a while (it is
+                # slowed, nothing it sent is dropped).
+                self.pause_reading()
+                self.call_later(pause, self.resume_reading)
         if qos != QoS.AT_MOST_ONCE:
             self.inbound_unacked += 1
             if (
@@ -365,7 +408,6 @@ class Connection:
             ):
                 # More unacknowledged QoS 1/2 publishes than our receive maximum [MQTT-3.3.4-9].
                 raise ProtocolError("receive maximum exceeded", ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
-        broker = self.broker
         seq = broker.accept_publish(self, packet, now)
         if (
             broker.journal.backlog > broker.settings.max_journal_backlog
@@ -410,16 +452,17 @@ class Connection:
         else:
             self.send(Pubrec(packet_id=packet_id))
 
-    def _ack_refused(self, packet: Publish) -> None:
+    def _ack_refused(self, packet: Publish, reason: int) -> None:
+        """Acknowledge a refused QoS 1/2 publish: MQTT 5 with the reason code; 3.1.1 has no
+        negative acknowledgement, so it gets a plain one (the message is dropped)."""
         pid = packet.packet_id
         if pid is None:
             return
-        v5 = self.version == ProtocolVersion.MQTT_5
-        reason = ReasonCode.NOT_AUTHORIZED if v5 else 0
+        code = reason if self.version == ProtocolVersion.MQTT_5 else 0
         if packet.qos == QoS.AT_LEAST_ONCE:
-            self.send(Puback(packet_id=pid, reason_code=reason))
+            self.send(Puback(packet_id=pid, reason_code=code))
         else:
-            self.send(Pubrec(packet_id=pid, reason_code=reason))
+            self.send(Pubrec(packet_id=pid, reason_code=code))
 
     def _on_pubrel(self, packet: Pubrel, now: float) -> None:
         assert self.session is not None
@@ -454,17 +497,41 @@ class Connection:
             if group is not None and sub.no_local:
                 # No Local on a shared subscription is a protocol error [MQTT-3.8.3-4].
                 raise ProtocolError("no-local on a shared subscription", ReasonCode.PROTOCOL_ERROR)
+            if not self.acl.may_subscribe(topic_filter):
+                self.broker.tenancy.log(
+                    self.tenant,
+                    "acl_denied",
+                    self.client_id,
+                    {"action": "subscribe", "topic_filter": sub.topic_filter},
+                )
+                codes.append(ReasonCode.NOT_AUTHORIZED if v5 else SUBACK_FAILURE_311)
+                continue
             codes.append(int(sub.qos))
             accepted.append((group, topic_filter, sub))
         # SUBACK before the retained messages the subscriptions bring [MQTT-3.8.4-1].
         self.send(Suback(packet_id=packet.packet_id, reason_codes=tuple(codes)))
         self.broker.subscribe(self, accepted, ids[0] if ids else None)
+        self.broker.tenancy.log(
+            self.tenant,
+            "subscribe",
+            self.client_id,
+            {
+                "topic_filters": [s.topic_filter for s in packet.subscriptions],
+                "reason_codes": [int(c) for c in codes],
+            },
+        )
 
     def _on_unsubscribe(self, packet: Unsubscribe, now: float) -> None:
         found = self.broker.unsubscribe(self, packet.topic_filters)
         v5 = self.version == ProtocolVersion.MQTT_5
         codes = tuple(0 if f else ReasonCode.NO_SUBSCRIPTION_EXISTED for f in found) if v5 else ()
         self.send(Unsuback(packet_id=packet.packet_id, reason_codes=codes))
+        self.broker.tenancy.log(
+            self.tenant,
+            "unsubscribe",
+            self.client_id,
+            {"topic_filters": list(packet.topic_filters), "found": found},
+        )
 
     def _on_pingreq(self, packet: Pingreq, now: float) -> None:
         self.send(Pingresp())
@@ -488,6 +555,13 @@ def _discard(data: bytes) -> None:
 
 def _noop() -> None:
     pass
+
+
+def _never(delay: float, callback: Callable[[], None]) -> None:
+    del delay, callback
+
+
+_NO_USAGE = TenantUsage()  # replaced at CONNECT; nothing is counted before
 
 
 _HANDLERS: dict[type, Callable[[Connection, object, float], None]] = {
