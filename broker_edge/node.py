@@ -18,11 +18,13 @@ from typing import Any
 from broker_edge import store
 from broker_edge.broker import Broker
 from broker_edge.durability import GroupCommitter
+from broker_edge.errors import ConfigError
 from broker_edge.listener import MqttProtocol
 from broker_edge.message import Message
 from broker_edge.packets import QoS, ReasonCode
 from broker_edge.settings import EdgeSettings
 from broker_edge.sysstats import SysTree, installed_version, sample
+from broker_edge.tenants import load as tenants_load
 from ingest.journal import JournalReader, JournalWriter
 
 log = logging.getLogger(__name__)
@@ -33,14 +35,16 @@ HOUSEKEEPING_INTERVAL = 1.0
 class EdgeNode:
     """``async with EdgeNode(settings) as node:`` serves MQTT on ``node.port`` until exit."""
 
-    def __init__(self, settings: EdgeSettings) -> None:
+    def __init__(self, settings: EdgeSettings, tenants_file: Path | None = None) -> None:
         self.settings = settings
+        self.tenants_file = tenants_file
         self.port = settings.port
         self._server: asyncio.Server | None = None
         self._committer: GroupCommitter | None = None
         self._housekeeping: asyncio.Task[None] | None = None
         self._sys: asyncio.Task[None] | None = None
         self._snapshots: asyncio.Task[None] | None = None
+        self._counters: asyncio.Task[None] | None = None
         self.started_at = 0.0  # event loop time
         self.broker: Broker | None = None
 
@@ -68,8 +72,9 @@ class EdgeNode:
                 fsync=settings.journal_fsync,
             ),
         )
+        tenants = tenants_load(self.tenants_file) if self.tenants_file is not None else None
         committer = GroupCommitter(writer)
-        broker = Broker(settings, committer)
+        broker = Broker(settings, committer, tenants=tenants)
         committer.on_commit = broker.after_commit
         self.broker = broker
         await self._restore(broker, writer.next_seq - 1)
@@ -87,6 +92,7 @@ class EdgeNode:
         self.started_at = loop.time()
         self._housekeeping = loop.create_task(self._housekeep(), name="housekeeping")
         self._snapshots = loop.create_task(self._snapshot_loop(), name="snapshots")
+        self._counters = loop.create_task(self._publish_counters(), name="counters")
         if settings.sys_interval > 0:
             self._sys = loop.create_task(self._publish_sys(settings.sys_interval), name="sys")
         log.info(
@@ -176,6 +182,36 @@ class EdgeNode:
         )
         self._snapshot_seq = seq
 
+    def reload_tenants(self) -> None:
+        """SIGHUP: read the tenants file again; connections stay up (see Tenancy.reload)."""
+        if self.tenants_file is None or self.broker is None:
+            log.info("SIGHUP: no tenants file to reload")
+            return
+        try:
+            config = tenants_load(self.tenants_file)
+        except ConfigError as exc:
+            log.warning("SIGHUP: tenants file not reloaded, keeping the old one: %s", exc)
+            return
+        self.broker.tenancy.reload(config)
+        log.info(
+            "SIGHUP: tenants file %s reloaded (%d tenants)", self.tenants_file, len(config.tenants)
+        )
+
+    async def _publish_counters(self) -> None:
+        """Every ``counter_interval``: each tenant's usage on ``$counters/{metric}``."""
+        broker = self.broker
+        assert broker is not None
+        interval = self.settings.counter_interval
+        start_us = broker.wall_clock_us()
+        while True:
+            await asyncio.sleep(interval)
+            end_us = broker.wall_clock_us()
+            try:
+                broker.tenancy.publish_counters(start_us, end_us)
+            except Exception:
+                log.exception("counters not published")
+            start_us = end_us
+
     async def _housekeep(self) -> None:
         loop = asyncio.get_running_loop()
         broker = self.broker
@@ -215,7 +251,7 @@ class EdgeNode:
         """Stop accepting, close clients (MQTT 5: DISCONNECT 0x8B), flush the journal."""
         if self._server is not None:
             self._server.close()
-        for task in (self._housekeeping, self._sys, self._snapshots):
+        for task in (self._housekeeping, self._sys, self._snapshots, self._counters):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

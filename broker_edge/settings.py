@@ -31,6 +31,8 @@ class EdgeSettings:
     max_keepalive: int = 65_535
     # A connection that has not completed CONNECT within this many seconds is closed.
     connect_timeout: float = 10.0
+    # Per-tenant usage published on $counters/{metric} every this many seconds (>= 1).
+    counter_interval: float = 10.0
     # Per-session delivery bounds (slow subscribers never grow memory without bound).
     max_queued_messages: int = 1_000
     max_queued_bytes: int = 16 * 2**20
@@ -50,6 +52,11 @@ class EdgeSettings:
             bool(self.node_id) and "/" not in self.node_id and self.node_id not in {".", ".."},
             "edge.node_id",
             f"must be a non-empty name without '/', got {self.node_id!r}",
+        )
+        _require(
+            self.counter_interval >= 1,
+            "edge.counter_interval",
+            f"must be >= 1 second, got {self.counter_interval}",
         )
         _require(
             self.connect_timeout > 0,

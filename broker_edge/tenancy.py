@@ -76,7 +76,8 @@ class Tenancy:
                     conn.client_id,
                     {"peer": conn.peer, "username": packet.username is not None},
                 )
-                return ReasonCode.NOT_AUTHORIZED if v5 else ConnackCode311.NOT_AUTHORIZED
+                # The issue names 0x86 (bad user name or password: the token) for MQTT 5.
+                return ReasonCode.BAD_USER_NAME_OR_PASSWORD if v5 else ConnackCode311.NOT_AUTHORIZED
             conn.tenant, conn.acl, conn.operator = grant.tenant, grant.acl, grant.operator
         conn.token = packet.username
         conn.usage = self.usage_of(conn.tenant)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from broker_edge.errors import ConfigError
 from edgebus.settings import SettingsError, load_edge, load_pipeline
 
 log = logging.getLogger("edgebus")
@@ -38,6 +39,9 @@ def _parser() -> argparse.ArgumentParser:
     edge.add_argument("--data-dir", type=Path, help="data dir; journal in DIR/journal/NODE")
     edge.add_argument("--node-id", help="node name (default: the host name)")
     edge.add_argument("--config", type=Path, help="TOML settings file with an [edge] table")
+    edge.add_argument(
+        "--tenants", type=Path, help="TOML tenants file (tokens, ACLs, limits); SIGHUP reloads it"
+    )
     edge.add_argument(
         "--loop", choices=("auto", "uvloop", "asyncio"), default="auto", help="event loop"
     )
@@ -87,7 +91,15 @@ def _edge(args: argparse.Namespace) -> int:
     }
     settings = load_edge(args.config, overrides, defaults={"node_id": socket.gethostname()})
     runner = _event_loop_runner(args.loop)
-    runner(_serve_edge(settings))
+    if args.tenants is not None:
+        from broker_edge.tenants import load as load_tenants
+
+        try:
+            load_tenants(args.tenants)  # refuse a bad file before binding the port
+        except ConfigError as exc:
+            print(f"edgebus: bad tenants file: {exc}", file=sys.stderr)
+            return 2
+    runner(_serve_edge(settings, args.tenants))
     return 0
 
 
@@ -103,14 +115,16 @@ def _event_loop_runner(choice: str) -> Any:
     return asyncio.run
 
 
-async def _serve_edge(settings: Any) -> None:
+async def _serve_edge(settings: Any, tenants: Path | None) -> None:
     from broker_edge.node import EdgeNode
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    async with EdgeNode(settings) as node:
+    node = EdgeNode(settings, tenants)
+    loop.add_signal_handler(signal.SIGHUP, node.reload_tenants)
+    async with node:
         print(
             f"edgebus edge {settings.node_id} listening on {settings.host}:{node.port}", flush=True
         )

@@ -24,10 +24,12 @@ TIMEOUT = 10.0
 class RunningEdge:
     """An EdgeNode served from a background thread; ``port`` is the real bound port."""
 
-    def __init__(self, settings: EdgeSettings, loop_kind: str = "asyncio") -> None:
+    def __init__(
+        self, settings: EdgeSettings, loop_kind: str = "asyncio", tenants: Path | None = None
+    ) -> None:
         self.settings = settings
         self.loop = uvloop.new_event_loop() if loop_kind == "uvloop" else asyncio.new_event_loop()
-        self.node = EdgeNode(settings)
+        self.node = EdgeNode(settings, tenants)
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -99,8 +101,8 @@ def make_edge(edge_settings: EdgeSettings, loop_kind: str) -> Iterator[Any]:
     """Start edges with setting overrides (restarts on the same data dir included)."""
     started: list[RunningEdge] = []
 
-    def _make(**overrides: Any) -> RunningEdge:
-        running = RunningEdge(replace(edge_settings, **overrides), loop_kind).start()
+    def _make(tenants: Path | None = None, **overrides: Any) -> RunningEdge:
+        running = RunningEdge(replace(edge_settings, **overrides), loop_kind, tenants).start()
         started.append(running)
         return running
 
@@ -166,6 +168,7 @@ def make_client() -> Iterator[Any]:
         port: int,
         keepalive: int = 60,
         will: tuple[str, bytes, int, bool] | None = None,
+        username: str | None = None,
     ) -> Client:
         cid = client_id if client_id is not None else f"c-{uuid.uuid4().hex[:8]}"
         kwargs: dict[str, Any] = {"client_id": cid, "protocol": protocol}
@@ -181,6 +184,8 @@ def make_client() -> Iterator[Any]:
         paho.on_disconnect = lambda c, u, flags, rc, props: client.disconnected.set()
         if will is not None:
             paho.will_set(*will)
+        if username is not None:
+            paho.username_pw_set(username)
         paho.connect("127.0.0.1", port, keepalive=keepalive)
         paho.loop_start()
         flags, rc = connected.get(timeout=TIMEOUT)

@@ -1,8 +1,10 @@
-"""The benchmark load generator: MQTT 3.1.1 bytes, the hot-path scanners, and short real runs
-against Mosquitto and the null sink (the real runs take a few seconds in all)."""
+"""The benchmark load generator: MQTT 3.1.1 bytes, the hot-path scanners, the suite's
+bookkeeping, and short real runs against Mosquitto and the null sink (the real runs take a
+few seconds each)."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import sys
 from collections.abc import Iterator
@@ -15,7 +17,7 @@ _ROOT = str(Path(__file__).resolve().parents[2])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from bench import brokers, loadgen, wire  # noqa: E402
+from bench import brokers, compare, loadgen, suite, wire  # noqa: E402
 
 # --- encoding against known bytes ------------------------------------------------------------
 
@@ -249,6 +251,113 @@ def test_options_are_validated() -> None:
         loadgen.LoadOptions(qos=2)
     with pytest.raises(ValueError, match="payload_size"):
         loadgen.LoadOptions(payload_size=8)
+    with pytest.raises(ValueError, match="keepalive"):
+        loadgen.LoadOptions(keepalive=70_000)
+    with pytest.raises(ValueError, match="e2e_window"):
+        loadgen.LoadOptions(e2e_window=0)
+
+
+# --- timeline, stalls, end-to-end gate ---------------------------------------------------------
+
+STEP_NS = int(loadgen.TIMELINE_STEP_S * 1e9)
+
+
+def test_longest_stall_counts_only_between_first_and_last_delivery() -> None:
+    counts = [0, 0, 5, 10, 10, 10, 10, 20, 30, 30, 30]  # flat before, mid-run, and after
+    timeline = [(k * STEP_NS, c) for k, c in enumerate(counts)]
+    assert loadgen._longest_stall(timeline) == pytest.approx(3 * loadgen.TIMELINE_STEP_S)
+    assert loadgen._longest_stall([]) == 0
+    # A late sample (the worker's own loop was busy) stretches the stall by its lateness.
+    late = [(0, 1), (STEP_NS, 1), (5 * STEP_NS, 1), (6 * STEP_NS, 2)]
+    assert loadgen._longest_stall(late) == pytest.approx(5 * loadgen.TIMELINE_STEP_S)
+
+
+def test_timelines_add_up_and_give_rates_per_second() -> None:
+    a = {"timeline": [0, 10, 20, 30, 40, 50, 60, 70, 80, 90]}
+    b = {"timeline": [0, 1, 2, 3, 4]}  # shorter: holds its last value
+    total = loadgen._sum_timelines([a, b, {"timeline": []}])
+    assert total == [0, 11, 22, 33, 44, 54, 64, 74, 84, 94]
+    stats = loadgen.timeline_stats(total, send_s=2.25)
+    assert stats["per_step"] == [11, 11, 11, 11, 10, 10, 10, 10, 10]
+    # whole seconds while publishing, the first left out: [1 s, 2 s) only
+    assert stats["min_rate_1s"] == stats["max_rate_1s"] == 40
+
+
+def test_gate_keeps_deliveries_in_flight_within_the_window() -> None:
+    async def scenario() -> None:
+        counters = [0, 0, 0]  # two publisher workers, one subscriber worker
+        spec = loadgen._WorkerSpec(
+            "pub", "h", 1, (), loadgen.LoadOptions(), slot=0, pub_slots=2, fanout=10
+        )
+        gate = loadgen._Gate(counters, spec, window=1000)
+        assert gate.allowed() == 100
+        gate.sent(60)
+        counters[1] = 40  # the other publisher process
+        assert gate.allowed() == 0  # 1000 deliveries owed, none received
+        counters[2] = 250
+        assert gate.allowed() == 25
+        gate.close()
+
+    asyncio.run(scenario())
+
+
+# --- the suite's bookkeeping (no brokers) -----------------------------------------------------
+
+
+def _fake_run(rate: float, *, send: float | None = None, p99: float = 1.0) -> dict[str, object]:
+    return {
+        "msgs_per_s": rate,
+        "send_rate": send or rate,
+        "loss": 0,
+        "expected": 100,
+        "timeline": {"stall_max_s": 0.0, "tail_s": 0.1},
+        "cpu": {"broker_cores": 0.9, "publishers_cores": 0.1, "subscribers_cores": 0.2},
+        "latency_ms": {"p50": 0.5, "p99": p99, "max": 2.0},
+        "options": {"rate": 1000.0},
+        "background_cores_before": 0.02,
+        "broker_log": {"problem_lines": 0},
+    }
+
+
+def test_suite_rows_give_ratios_latency_and_headroom() -> None:
+    case = suite.Case("fanin-q0", "fanin", 0, publishers=100)
+    runs = {
+        "mosquitto": _fake_run(100_000),
+        "edgebus": _fake_run(80_000),
+        "null": _fake_run(2_000_000, send=1_000_000),
+        "mosquitto@rate": _fake_run(10_000, p99=3.0),
+        "edgebus@rate": {"error": "LoadgenError: boom"},
+    }
+    rows = {r["broker"]: r for r in suite.summary_rows(case, runs)}
+    assert set(rows) == {"mosquitto", "edgebus", "null"}
+    assert rows["edgebus"]["ratio"] == pytest.approx(0.8)
+    assert rows["mosquitto"]["ratio"] is None
+    assert rows["mosquitto"]["p99_ms"] == 3.0
+    assert rows["edgebus"]["error"] == "LoadgenError: boom"
+    assert rows["mosquitto"]["headroom"] == pytest.approx(10.0)  # publisher side is lower
+    assert rows["null"]["ceiling"] == {"publishers": 1_000_000, "subscribers": 2_000_000}
+    text = suite.format_summary([{"rows": list(rows.values())}])
+    assert "ceiling: publishers 1,000,000 msgs/s" in text
+    assert "ERROR: LoadgenError: boom" in text
+
+
+def test_suite_idle_rows_compare_memory_per_connection() -> None:
+    def idle_run(per: float) -> dict[str, object]:
+        return {
+            "connected": 10,
+            "failed": 0,
+            "lost_during_hold": 0,
+            "kib_per_connection": per,
+            "rss_kib": {"before": 1000, "end_of_hold": 1100, "after_close": 1100},
+            "cpu": {"broker_cores": 0.0, "broker_us_per_connect": 50.0},
+            "background_cores_before": 0.01,
+        }
+
+    rows = suite.summary_rows(
+        suite.Case("idle", "idle"), {"mosquitto": idle_run(2.0), "edgebus": idle_run(5.0)}
+    )
+    assert [r["ratio"] for r in rows] == [None, pytest.approx(2.5)]
+    assert "KiB/conn" in suite.format_summary([{"rows": rows}])
 
 
 # --- real runs ---------------------------------------------------------------------------------
@@ -280,6 +389,40 @@ def test_fanin_against_mosquitto_delivers_everything(
         assert result["acked"] == result["sent"]
     assert result["cpu"]["broker_s"] is not None
     assert brokers.rss_kib(mosquitto.pid)
+
+
+def test_idle_connections_against_mosquitto(mosquitto: brokers.BrokerProcess) -> None:
+    target = loadgen.Target(mosquitto.host, mosquitto.port, mosquitto.pid)
+    options = loadgen.LoadOptions(duration=0.5, keepalive=60, connect_concurrency=16)
+    result = loadgen.idle(target, options, connections=200, settle_s=0.3)
+    assert result["connected"] == 200
+    assert result["failed"] == 0
+    assert result["lost_during_hold"] == 0
+    assert result["procs"] >= 2
+    rss = result["rss_kib"]
+    assert rss["before"]
+    assert rss["end_of_hold"] >= rss["before"]
+    assert result["kib_per_connection"] is not None
+    assert result["cpu"]["broker_us_per_connect"] is not None
+    assert result["nofile_limit"] >= 1024
+
+
+def test_compare_run_one_reports_settings_exit_and_log() -> None:
+    if not Path(brokers.MOSQUITTO).exists():
+        pytest.skip(f"Mosquitto is not installed at {brokers.MOSQUITTO}")
+    options = loadgen.LoadOptions(
+        qos=0, duration=1.0, pub_procs=1, sub_procs=1, drain_timeout=5.0, e2e_window=100
+    )
+    result = compare.run_one("mosquitto", "pairs", options, publishers=2, pin=False)
+    assert result["loss"] == 0
+    assert result["received"] == result["sent"] > 0
+    assert result["e2e_window"] == loadgen.E2E_MIN_MESSAGES  # 100 < 300 messages x fan-out 1
+    assert result["broker_exit"] == {"alive_at_end": True, "code": 0}
+    assert result["broker_log"]["problem_lines"] == 0
+    assert "max_queued_messages 0" in result["broker_settings"]
+    assert result["timeline"]["per_step"]
+    assert result["timeline"]["stall_max_s"] is not None
+    assert "max_queued_messages = 1000000" in compare.broker_settings("edgebus")
 
 
 def test_fanin_against_the_null_sink_measures_the_ceiling() -> None:
