@@ -300,3 +300,104 @@ def test_sighup_reload_keeps_connections_and_applies_new_rules(v5, tenant_edge, 
     )
     tenant_edge.call(tenant_edge.node.reload_tenants)
     assert ro.publish("fleet/v1/status", b"x").value == 0  # same connection, new rules
+
+
+def _drain(client: V5, seconds: float = 0.6) -> list[mqtt.MQTTMessage]:
+    got = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            got.append(client.inbox.get(timeout=0.05))
+        except queue.Empty:
+            continue
+    return got
+
+
+def _will_from(port: int, token: str) -> None:
+    doomed = mqtt.Client(
+        mqtt.CallbackAPIVersion.VERSION2, client_id="doomed-matrix", protocol=mqtt.MQTTv5
+    )
+    doomed.username_pw_set(token)
+    doomed.will_set("w/doomed", b"secret-will")
+    connected = queue.Queue()
+    doomed.on_connect = lambda c, u, f, rc, p: connected.put(rc)
+    doomed.connect("127.0.0.1", port)
+    doomed.loop_start()
+    connected.get(timeout=TIMEOUT)
+    doomed.loop_stop()
+    doomed.socket().close()
+
+
+@pytest.mark.parametrize(
+    ("kind", "spy_filter"),
+    [
+        ("publish", "#"),
+        ("publish", "w/#"),
+        ("retained", "#"),
+        ("shared", "$share/g/#"),
+        ("will", "#"),
+        ("logs", "$log/#"),
+        ("counters", "$counters/#"),
+        ("quota", "$quota/#"),
+    ],
+)
+def test_isolation_matrix(v5, tenant_edge, kind, spy_filter):
+    """Nothing acme does is visible to globex, whatever globex subscribes to."""
+    spy = v5("globex-1", "spy")
+    assert spy.subscribe(spy_filter) in (0, 1)
+    acme = v5("acme-1", "victim")
+    if kind == "publish":
+        acme.publish("w/secret", b"secret")
+    elif kind == "retained":
+        acme.publish("w/secret", b"secret", retain=True)
+        late = v5("globex-1", "late-spy")
+        late.subscribe("#")
+        assert not [m for m in _drain(late) if m.payload == b"secret"]
+    elif kind == "shared":
+        acme.subscribe("$share/g/#")
+        acme.publish("w/secret", b"secret")
+    elif kind == "will":
+        _will_from(tenant_edge.port, "acme-1")
+    elif kind == "logs":
+        acme.subscribe("w/#")
+    elif kind == "quota":
+        ops = v5("op-token", "ops")
+        _decide(ops, "acme", "warn")
+    time.sleep(1.2 if kind == "counters" else 0.2)
+    leaked = [
+        m
+        for m in _drain(spy)
+        if b"acme" in m.payload or b"secret" in m.payload or b"victim" in m.payload
+    ]
+    assert leaked == []
+
+
+def test_same_client_id_in_two_tenants_are_two_sessions(v5):
+    acme = v5("acme-1", "same-id")
+    globex = v5("globex-1", "same-id")
+    assert acme.subscribe("t/#") == 1
+    assert globex.subscribe("t/#") == 1
+    acme.publish("t/x", b"from acme")
+    assert acme.inbox.get(timeout=TIMEOUT).payload == b"from acme"  # not taken over
+    assert globex.inbox.empty()
+
+
+def test_takeover_and_malformed_packets_are_logged(v5, tenant_edge):
+    watcher = v5("acme-1", "watch")
+    watcher.subscribe("$log/#")
+    v5("acme-1", "dup-id")
+    v5("acme-1", "dup-id")
+    taken = watcher.events("session_taken_over")
+    assert taken["client_id"] == "dup-id"
+    sock = __import__("socket").create_connection(("127.0.0.1", tenant_edge.port), timeout=5)
+    token = b"acme-1"
+    body = (
+        b"\x00\x04MQTT\x05\x82\x00\x3c\x00" + b"\x00\x03bad" + len(token).to_bytes(2, "big") + token
+    )
+    sock.sendall(bytes([0x10, len(body)]) + body)
+    assert sock.recv(64)[0] == 0x20
+    sock.sendall(b"\x30\x03\x00\x05a")  # malformed PUBLISH
+    sock.recv(64)
+    sock.close()
+    bad = watcher.events("malformed_packet")
+    assert (bad["client_id"], bad["details"]["reason_code"]) == ("bad", 0x81)

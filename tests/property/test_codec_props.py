@@ -5,6 +5,8 @@
 * Random bytes, and valid packets with random damage, either decode to packets or raise
   ``ProtocolError``; nothing else escapes and the decoder always terminates. Whatever the
   decoder accepts, the encoder can write back.
+* The outcome (packets, then the error class and reason code, if any) does not depend on how
+  the bytes are chunked: the decoder's in-place hot path and its general path agree.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker_edge.codec import Decoder, encode
+from broker_edge.codec import DEFAULT_MAX_PACKET_SIZE, Decoder, encode
 from broker_edge.errors import ProtocolError
 from broker_edge.packets import (
     Auth,
@@ -405,3 +407,46 @@ def test_mutated_packets_decode_or_raise_protocol_error(
 ) -> None:
     version, wire = case
     assert_reencodes(*decode_or_reject(wire, version))
+
+
+Outcome = tuple[list[Packet], tuple[type[ProtocolError], int] | None]
+
+
+def outcome(chunks: list[bytes], version: ProtocolVersion | None, max_size: int) -> Outcome:
+    """Packets decoded before the first error, and that error's class and reason code."""
+    decoder = Decoder(protocol_version=version, max_packet_size=max_size)
+    out: list[Packet] = []
+    try:
+        for chunk in chunks:
+            decoder.feed(chunk)
+            out.extend(decoder.packets())
+    except ProtocolError as exc:
+        return out, (type(exc), exc.reason_code)
+    return out, None
+
+
+def assert_chunking_does_not_matter(
+    wire: bytes, version: ProtocolVersion | None, data: st.DataObject
+) -> None:
+    max_size = data.draw(st.sampled_from([DEFAULT_MAX_PACKET_SIZE, 2, 16, 64]))
+    whole = outcome([wire], version, max_size)
+    bytewise = [wire[i : i + 1] for i in range(len(wire))]
+    assert outcome(bytewise, version, max_size) == whole
+    assert outcome(chunked(data, wire), version, max_size) == whole
+
+
+@FUZZ_SETTINGS
+@given(st.binary(max_size=256), st.none() | VERSIONS, st.data())
+def test_random_bytes_same_outcome_however_chunked(
+    wire: bytes, version: ProtocolVersion | None, data: st.DataObject
+) -> None:
+    assert_chunking_does_not_matter(wire, version, data)
+
+
+@SETTINGS
+@given(mutated(), st.data())
+def test_mutated_packets_same_outcome_however_chunked(
+    case: tuple[ProtocolVersion, bytes], data: st.DataObject
+) -> None:
+    version, wire = case
+    assert_chunking_does_not_matter(wire, version, data)

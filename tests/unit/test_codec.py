@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from broker_edge import codec
 from broker_edge.codec import DEFAULT_MAX_PACKET_SIZE, Decoder, encode, encode_publish
 from broker_edge.errors import LocalProtocolError, MalformedPacket, PacketTooLarge, ProtocolError
 from broker_edge.packets import (
@@ -427,6 +428,29 @@ def test_encode_publish_matches_encode(version: ProtocolVersion) -> None:
     )
 
 
+def test_encode_publish_short_and_long_headers() -> None:
+    # The table of two-byte headers ends at remaining length 127.
+    for size in (0, 1, 123, 124, 125, 20_000):
+        for qos, pid in ((0, None), (1, 9), (2, 9)):
+            for retain in (False, True):
+                packet = Publish("t/ü", b"p" * size, QoS(qos), retain, qos > 0, pid)
+                wire = encode_publish("t/ü", packet.payload, qos, retain, qos > 0, pid, V3)
+                assert decode_whole(wire, Decoder(protocol_version=V3)) == [packet]
+
+
+def test_encode_publish_topic_cache_is_bounded_and_skips_bad_topics() -> None:
+    for i in range(codec._TOPIC_WIRE_CACHE_SIZE + 10):
+        assert encode_publish(f"t/{i}", b"", 0, False, False, None, V3)[4:] == f"t/{i}".encode()
+        assert len(codec._TOPIC_WIRE_CACHE) <= codec._TOPIC_WIRE_CACHE_SIZE
+    for bad in ("a\x00b", "\ud800", "x" * 65_536):
+        for _ in range(2):  # refused every time, never served from the cache
+            with pytest.raises(LocalProtocolError):
+                encode_publish(bad, b"", 0, False, False, None, V3)
+        assert bad not in codec._TOPIC_WIRE_CACHE
+    with pytest.raises(LocalProtocolError):
+        encode_publish(b"x" * 65_536, b"", 0, False, False, None, V3)
+
+
 # -- decoder buffering ---------------------------------------------------------------------------
 
 
@@ -441,8 +465,8 @@ def test_many_packets_in_one_feed() -> None:
     assert decoder.buffered == 1
 
 
-def test_large_feed_with_partial_tail_compacts() -> None:
-    # More than the compaction threshold consumed while a partial packet stays buffered.
+def test_large_feed_with_partial_tail() -> None:
+    # Many packets consumed while a partial one stays buffered, then completed by the next feed.
     packet = Publish("t", b"x" * 1000)
     wire = encode(packet, V3)
     decoder = Decoder(protocol_version=V3)
@@ -459,6 +483,92 @@ def test_next_packet_on_empty_decoder() -> None:
     assert decoder.next_packet() is None
     decoder.feed(b"")
     assert decoder.next_packet() is None
+
+
+# The hot path reads a PUBLISH in place when the whole packet is in one buffer; the others
+# (split packets, longer remaining lengths, errors) take the general path. Both must agree.
+HOT_PATH_PUBLISHES = [
+    (V3, Publish("a/b", b"x" * 64)),
+    (V3, Publish("a/b", b"x" * 64, QoS.AT_LEAST_ONCE, retain=True, dup=True, packet_id=7)),
+    (V3, Publish("ü/€", b"x" * 200, QoS.EXACTLY_ONCE, packet_id=0xFFFF)),  # 2-byte length
+    (V3, Publish("t", b"x" * 20_000)),  # 3-byte remaining length: general path
+    (V5, Publish("a/b", b"x" * 64)),
+    (V5, Publish("a/b", b"p", QoS.AT_LEAST_ONCE, packet_id=1, properties=FULL_PUBLISH_PROPS)),
+]
+
+
+@pytest.mark.parametrize(("version", "packet"), HOT_PATH_PUBLISHES)
+def test_publish_split_at_every_offset(version: ProtocolVersion, packet: Publish) -> None:
+    wire = encode(packet, version)
+    stream = wire + encode(NEXT, version) + wire
+    step = 1 if len(wire) < 300 else 97
+    for cut in [*range(0, len(stream), step), len(stream)]:
+        decoder = Decoder(protocol_version=version)
+        decoder.feed(stream[:cut])
+        got = list(decoder.packets())
+        decoder.feed(stream[cut:])
+        got.extend(decoder.packets())
+        assert got == [packet, NEXT, packet], cut
+        assert decoder.buffered == 0
+
+
+@pytest.mark.parametrize(("version", "packet"), HOT_PATH_PUBLISHES[:3] + HOT_PATH_PUBLISHES[4:])
+def test_publish_byte_by_byte_then_whole(version: ProtocolVersion, packet: Publish) -> None:
+    wire = encode(packet, version)
+    decoder = Decoder(protocol_version=version)
+    for i in range(len(wire)):
+        assert decoder.next_packet() is None
+        assert decoder.buffered == i
+        decoder.feed(wire[i : i + 1])
+    decoder.feed(wire * 3)  # the first packet completes from held-back bytes, then in place
+    assert list(decoder.packets()) == [packet] * 4
+    assert decoder.buffered == 0
+
+
+def test_large_packet_trickling_in_is_joined_once_whole() -> None:
+    packet = Publish("big", b"\x01" * 1_000_000, QoS.AT_LEAST_ONCE, packet_id=3)
+    wire = encode(packet, V3)
+    decoder = Decoder(protocol_version=V3)
+    for at in range(0, len(wire) - 1000, 1000):
+        decoder.feed(wire[at : at + 1000])
+        assert decoder.next_packet() is None
+        # Held back as fed, not copied into one growing buffer on every feed.
+        assert len(decoder._data) <= 1000
+    decoder.feed(wire[len(wire) // 1000 * 1000 :] + encode(NEXT, V3))
+    assert list(decoder.packets()) == [packet, NEXT]
+    assert decoder.buffered == 0
+
+
+def test_feed_copies_a_mutable_buffer() -> None:
+    data = bytearray(encode(Publish("t", b"abc"), V3))
+    decoder = Decoder(protocol_version=V3)
+    decoder.feed(data)
+    data[-3:] = b"xyz"
+    assert decoder.next_packet() == Publish("t", b"abc")
+
+
+@pytest.mark.parametrize("first", [0x30, 0x32, 0x3D])
+def test_publish_two_byte_remaining_length_not_minimal(first: int) -> None:
+    # 0x80 0x00 encodes 0 in two bytes [MQTT-1.5.5-1], whatever follows it.
+    assert_rejected(bytes([first]) + b"\x80\x00" + b"\x00" * 20, V3, MalformedPacket, MALFORMED)
+
+
+def test_publish_hot_path_keeps_every_check() -> None:
+    cases: list[tuple[bytes, ProtocolVersion, type[ProtocolError], ReasonCode]] = [
+        (b"\x30\x01\x00", V3, MalformedPacket, MALFORMED),  # truncated topic length
+        (b"\x30\x03\x00\x05a", V3, MalformedPacket, MALFORMED),  # topic past the end
+        (b"\x32\x03\x00\x01a", V3, MalformedPacket, MALFORMED),  # no packet identifier
+        (b"\x32\x05\x00\x01a\x00\x00", V3, ProtocolError, PROTOCOL),  # packet id 0
+        (b"\x30\x03\x00\x01a", V5, MalformedPacket, MALFORMED),  # no property length
+        (b"\x30\x04\x00\x01\xff\x00", V5, MalformedPacket, MALFORMED),  # bad UTF-8
+        (b"\x30\x04\x00\x01\x00\x00", V5, MalformedPacket, MALFORMED),  # U+0000
+        (b"\x36\x03\x00\x01a", V3, MalformedPacket, MALFORMED),  # QoS 3
+        (b"\x38\x03\x00\x01a", V3, MalformedPacket, MALFORMED),  # DUP on QoS 0
+        (b"\x30\x03\x00\x01a", None, ProtocolError, PROTOCOL),  # before CONNECT
+    ]
+    for data, version, error, reason in cases:
+        assert_rejected(data, version, error, reason)
+        assert_rejected(data + encode(NEXT, V3), version, error, reason)
 
 
 def test_max_packet_size_below_two_is_a_local_error() -> None:
@@ -486,6 +596,18 @@ def test_packet_too_large_counts_the_fixed_header() -> None:
     decoder.feed(b"\x30\x62")
     with pytest.raises(PacketTooLarge):
         decoder.next_packet()
+
+
+@pytest.mark.parametrize("payload_size", [95, 1000])
+def test_packet_too_large_with_the_whole_packet_buffered(payload_size: int) -> None:
+    wire = encode(Publish("t", b"p" * payload_size), V3)
+    decoder = Decoder(max_packet_size=len(wire) - 1, protocol_version=V3)
+    decoder.feed(wire)
+    with pytest.raises(PacketTooLarge):
+        decoder.next_packet()
+    ok = Decoder(max_packet_size=len(wire), protocol_version=V3)
+    ok.feed(wire)
+    assert ok.next_packet() == Publish("t", b"p" * payload_size)
 
 
 def test_packet_too_large_before_connect() -> None:

@@ -117,3 +117,12 @@ def test_bad_files_name_the_key(text: str, message: str) -> None:
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="tenants file not found"):
         load(tmp_path / "none.toml")
+
+
+def test_example_tenants_file_loads() -> None:
+    config = load(Path(__file__).resolve().parents[2] / "conf" / "tenants.toml")
+    assert set(config.tenants) == {"acme", "globex"}
+    dashboard = config.grant("change-me-acme-dashboard")
+    assert dashboard is not None
+    assert not dashboard.acl.may_publish("fleet/v1/telemetry")
+    assert dashboard.acl.may_subscribe("$quota/#")
