@@ -401,3 +401,21 @@ def test_takeover_and_malformed_packets_are_logged(v5, tenant_edge):
     sock.close()
     bad = watcher.events("malformed_packet")
     assert (bad["client_id"], bad["details"]["reason_code"]) == ("bad", 0x81)
+
+
+def test_v311_isolation_acl_and_logs(make_client, tenant_edge):
+    port = tenant_edge.port
+    spy = make_client("v3-spy", port=port, username="globex-1")
+    spy.subscribe("#")
+    own = make_client("v3-own", port=port, username="acme-1")
+    own.subscribe("fleet/#", qos=1)
+    own.subscribe("$log/mqtt/acl_denied", qos=1)
+    ro = make_client("v3-ro", port=port, username="acme-ro")
+    ro.publish("fleet/v1/status", b"denied", qos=1)  # acked (3.1.1 has no refusal), dropped
+    ro.publish("fleet/v1/telemetry", b"allowed", qos=1)
+    got = [own.get(), own.get()]
+    by_topic = {m.topic: m.payload for m in got}
+    assert by_topic["fleet/v1/telemetry"] == b"allowed"
+    assert json.loads(by_topic["$log/mqtt/acl_denied"])["details"]["topic"] == "fleet/v1/status"
+    own.nothing_more()
+    spy.nothing_more()  # globex saw none of it

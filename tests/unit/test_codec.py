@@ -539,6 +539,17 @@ def test_large_packet_trickling_in_is_joined_once_whole() -> None:
     assert decoder.buffered == 0
 
 
+def test_consumed_bytes_are_not_kept() -> None:
+    wire = encode(Publish("t", b"x" * 100), V3)
+    decoder = Decoder(protocol_version=V3)
+    decoder.feed(wire * 50 + wire[:30])
+    assert len(list(decoder.packets())) == 50
+    assert len(decoder._data) == decoder.buffered == 30  # only the partial packet
+    decoder.feed(wire[30:])
+    assert len(list(decoder.packets())) == 1
+    assert decoder._data == b""
+
+
 def test_feed_copies_a_mutable_buffer() -> None:
     data = bytearray(encode(Publish("t", b"abc"), V3))
     decoder = Decoder(protocol_version=V3)

@@ -121,6 +121,50 @@ def test_round_trip_every_field(tmp_path: Path) -> None:
     assert rows(reader.read(0, 9)) == [expected_row(i, record(i)) for i in range(1, 10)]
 
 
+def uniform(i: int) -> dict[str, Any]:
+    """What one device publishing plain messages looks like: every repeatable column repeats."""
+    return {**record(i), "tenant": DEFAULT_TENANT, "client_id": "dev", "retain": False}
+
+
+def plain(i: int) -> dict[str, Any]:
+    return {**uniform(i), "content_type": None, "user_properties": ()}
+
+
+FRAME_SHAPES: dict[str, list[dict[str, Any]]] = {
+    "mixed": [record(i) for i in range(1, 40)],
+    "one record": [plain(1)],
+    "uniform, no content types or user properties": [plain(i) for i in range(1, 40)],
+    "uniform but the first": [record(1)] + [plain(i) for i in range(2, 40)],
+    "uniform but the last": [plain(i) for i in range(1, 39)] + [record(40)],
+    "every content type and user property set": [
+        {**uniform(i), "content_type": "text/plain", "user_properties": (("k", str(i)),)}
+        for i in range(1, 40)
+    ],
+    "empty strings": [{**plain(i), "client_id": "", "topic": "", "payload": b""} for i in (1, 2)],
+}
+
+
+@pytest.mark.parametrize("shape", list(FRAME_SHAPES))
+def test_batch_columns_match_a_plain_conversion(tmp_path: Path, shape: str) -> None:
+    # to_batch() builds repeated columns and seq without converting every Python value; the
+    # result must be the batch a plain row-by-row conversion gives.
+    records = FRAME_SHAPES[shape]
+    with JournalWriter.open(tmp_path, NODE, fsync=False) as w:
+        for _ in range(6):  # start past seq 1
+            w.append(**plain(0))
+        w.flush()
+        for rec in records:
+            w.append(**rec)
+        frame = w.drain()
+        assert frame is not None
+        batch = frame.to_batch()
+        w.commit(frame)
+    batch.validate(full=True)
+    expected = [expected_row(7 + i, rec) for i, rec in enumerate(records)]
+    assert batch.equals(pa.RecordBatch.from_pylist(expected, schema=JOURNAL_SCHEMA))
+    assert rows(JournalReader(tmp_path / NODE).read(6, 6 + len(records))) == expected
+
+
 def test_empty_journal(tmp_path: Path) -> None:
     reader = JournalReader(tmp_path / NODE)
     assert reader.last_seq() == 0
