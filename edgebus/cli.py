@@ -49,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     pipe = sub.add_parser("pipeline", help="run the Spark pipeline over every node's journal")
     _pipeline_args(pipe)
     pipe.add_argument("--once", action="store_true", help="process what is there, then exit")
+    pipe.add_argument(
+        "--tenants", type=Path, help="TOML tenants file: the limits the quota job enforces"
+    )
 
     run = sub.add_parser("run", help="the embedded default: one edge plus the pipeline")
     run.add_argument("--listen", type=_host_port, default=("127.0.0.1", 1883))
@@ -139,6 +142,15 @@ def _pipeline_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def _pipeline(args: argparse.Namespace) -> int:
     settings = load_pipeline(args.config, _pipeline_overrides(args))
+    if args.tenants is not None:
+        from broker_edge.tenants import load as load_tenants
+
+        try:
+            tenants = load_tenants(args.tenants)  # a bad file stops us before Spark starts
+        except ConfigError as exc:
+            print(f"edgebus: bad tenants file: {exc}", file=sys.stderr)
+            return 2
+        log.info("tenants file %s: %d tenant(s)", args.tenants, len(tenants.tenants))
     from streaming import pipeline
 
     stop = threading.Event()
