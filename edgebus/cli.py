@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from broker_edge.errors import ConfigError
+from edgebus import logs_cli
 from edgebus.settings import SettingsError, load_edge, load_pipeline
 
 log = logging.getLogger("edgebus")
@@ -57,6 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--listen", type=_host_port, default=("127.0.0.1", 1883))
     run.add_argument("--node-id", default=None)
     _pipeline_args(run)
+    logs_cli.add_parser(sub)
     return parser
 
 
@@ -79,6 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _edge(args)
         if args.command == "pipeline":
             return _pipeline(args)
+        if args.command == "logs":
+            return logs_cli.run(args)
         return _run(args)
     except SettingsError as exc:
         print(f"edgebus: bad settings: {exc}", file=sys.stderr)

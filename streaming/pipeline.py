@@ -10,7 +10,7 @@ from typing import Protocol
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from streaming import history
+from streaming import history, logs
 from streaming.errors import PipelineError
 from streaming.session import build_spark
 from streaming.settings import PipelineSettings
@@ -25,7 +25,7 @@ class Job(Protocol):
 
 
 # Every job the pipeline runs; a new table's job plugs in here.
-JOBS: tuple[Job, ...] = (history,)
+JOBS: tuple[Job, ...] = (history, logs)
 
 # How often a long run checks whether a query failed (a set stop event is seen at once).
 POLL_SECONDS = 0.5
