@@ -8,12 +8,13 @@ packets into bytes with ``encode`` (or ``encode_publish`` on the delivery hot pa
 
 Every MQTT packet is a one-byte header (type and flags), a *remaining length* encoded as a
 variable byte integer of one to four bytes, and that many bytes of body. The decoder keeps the
-received bytes in one ``bytearray`` with a read offset (``_ReceiveBuffer``). Reading a header is
-tentative: if the remaining length or the body is not complete yet the buffer is rolled back to
-the start of the packet and ``next_packet`` returns ``None``; once a whole packet is there the
-read is committed and the body is decoded. Consumed bytes are dropped in bulk (all at once
-when the buffer is drained, otherwise only when the dead prefix dominates), so a feed holding
-thousands of small packets costs linear time, not quadratic.
+received bytes as immutable ``bytes`` with a read offset and reads fields straight out of them;
+``next_packet`` returns ``None``, consuming nothing, until a whole packet is there. Bytes fed
+while a packet is incomplete are held back as they came and joined once, when they complete it
+(see ``Decoder``), so a feed holding thousands of small packets and a large packet arriving in
+thousands of pieces both cost linear time, not quadratic. A PUBLISH that arrives whole on an
+established connection, the per-message case, takes a hot path with the same checks in the
+same order; property tests hold the two paths to the same outcome however the bytes are cut.
 
 Checks that need only the header run before the body is buffered: packet type, the reserved
 flag bits, PUBLISH QoS and DUP, "CONNECT first" and the maximum packet size, so an oversized
@@ -793,7 +794,7 @@ class Decoder:
         """Bytes received but not yet returned as part of a packet."""
         return len(self._data) - self._pos + self._chunked
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
         if self._pos == len(self._data) and not self._chunks:
             self._data = bytes(data)  # the same object when it is bytes already
             self._pos = 0
@@ -846,12 +847,19 @@ class Decoder:
         pos = self._pos
         end = len(data)
         if pos == end:
-            return self._join_and_retry() if self._chunks else None
+            if self._chunks:
+                return self._join_and_retry()
+            self._data = b""  # do not keep the last feed alive
+            self._pos = 0
+            return None
         first = data[pos]
         self._check_first_byte(first >> 4, first & 0x0F)
         header = _read_remaining_length(data, pos + 1, end)
         if header is None:
-            return self._join_and_retry() if self._chunks else None
+            if self._chunks:
+                return self._join_and_retry()
+            self._keep_unread()
+            return None
         remaining, start = header
         size = start - pos + remaining
         if size > self.max_packet_size:
@@ -863,9 +871,17 @@ class Decoder:
         if stop > end:
             if stop - end <= self._chunked:
                 return self._join_and_retry()
+            if not self._chunks:
+                self._keep_unread()
             return None
         self._pos = stop
         return self._decode(first, data[start:stop])
+
+    def _keep_unread(self) -> None:
+        """Drop the consumed prefix of ``_data`` while waiting for the rest of a packet."""
+        if self._pos:
+            self._data = self._data[self._pos :]
+            self._pos = 0
 
     def _join_and_retry(self) -> Packet | None:
         self._data = b"".join((memoryview(self._data)[self._pos :], *self._chunks))
@@ -916,14 +932,9 @@ _TOPIC_WIRE_CACHE_SIZE: Final = 4096
 
 
 def _topic_wire(topic: str | bytes) -> bytes:
-    """Length prefix + UTF-8 of a topic name (bytes are trusted to be UTF-8 already)."""
-    if isinstance(topic, str):
-        cached = _TOPIC_WIRE_CACHE.get(topic)
-        if cached is not None:
-            return cached
-        raw = _utf8_bytes(topic)
-    else:
-        raw = topic
+    """Length prefix + UTF-8 of a topic name (bytes are trusted to be UTF-8 already); a str is
+    remembered in ``_TOPIC_WIRE_CACHE``, where ``encode_publish`` looks first."""
+    raw = _utf8_bytes(topic) if isinstance(topic, str) else topic
     if len(raw) > 0xFFFF:
         raise LocalProtocolError(f"topic of {len(raw)} bytes is longer than 65535")
     wire = len(raw).to_bytes(2, "big") + raw
@@ -949,7 +960,6 @@ def encode_publish(  # positional on purpose: the delivery hot path
     ``topic`` may be given already UTF-8 encoded (no length prefix) so a fan-out encodes it
     once for all subscribers; such bytes are trusted to be valid.
     """
-    # A cache hit is one dict lookup; _topic_wire is only called on a miss.
     topic_wire = _TOPIC_WIRE_CACHE.get(topic) if isinstance(topic, str) else None
     if topic_wire is None:
         topic_wire = _topic_wire(topic)

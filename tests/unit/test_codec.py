@@ -565,7 +565,7 @@ def test_publish_two_byte_remaining_length_not_minimal(first: int) -> None:
 
 
 def test_publish_hot_path_keeps_every_check() -> None:
-    cases: list[tuple[bytes, ProtocolVersion, type[ProtocolError], ReasonCode]] = [
+    cases: list[tuple[bytes, ProtocolVersion | None, type[ProtocolError], ReasonCode]] = [
         (b"\x30\x01\x00", V3, MalformedPacket, MALFORMED),  # truncated topic length
         (b"\x30\x03\x00\x05a", V3, MalformedPacket, MALFORMED),  # topic past the end
         (b"\x32\x03\x00\x01a", V3, MalformedPacket, MALFORMED),  # no packet identifier

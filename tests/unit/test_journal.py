@@ -141,6 +141,7 @@ FRAME_SHAPES: dict[str, list[dict[str, Any]]] = {
         for i in range(1, 40)
     ],
     "empty strings": [{**plain(i), "client_id": "", "topic": "", "payload": b""} for i in (1, 2)],
+    "qos given as a float": [{**plain(i), "qos": float(i % 3)} for i in range(1, 5)],
 }
 
 
