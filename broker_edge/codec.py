@@ -40,7 +40,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
-from broker_edge.errors import LocalProtocolError, MalformedPacket, PacketTooLarge, ProtocolError
+from broker_edge.errors import (
+    LocalProtocolError,
+    MalformedPacket,
+    PacketTooLarge,
+    ProtocolError,
+    UnsupportedProtocol,
+)
 from broker_edge.packets import (
     NO_PROPERTIES,
     Auth,
@@ -322,6 +328,11 @@ _CONTEXT_NAMES: Final[dict[int, str]] = {
 }
 
 
+def _value_error_code(ident: int) -> ReasonCode:
+    # "A Topic Alias value of 0 ... is a Protocol Error, ... Reason Code of 0x94" (3.3.4).
+    return ReasonCode.TOPIC_ALIAS_INVALID if ident == 0x23 else ReasonCode.PROTOCOL_ERROR
+
+
 def _property_value_error(ident: int, kind: int, value: int) -> str | None:
     """Why an integer property value is illegal, or None. Every byte property is 0 or 1."""
     if kind == _BYTE and value not in (0, 1):
@@ -368,13 +379,14 @@ def _decode_properties(buf: bytes, pos: int, end: int, context: int) -> tuple[Pr
             raise MalformedPacket(f"unknown property identifier 0x{ident:02X}")
         _, name, kind, contexts = row
         if context not in contexts:
-            raise ProtocolError(f"property {name} is not allowed in {_CONTEXT_NAMES[context]}")
+            # An identifier not valid for the packet type makes it malformed (2.2.2.2).
+            raise MalformedPacket(f"property {name} is not allowed in {_CONTEXT_NAMES[context]}")
         value, pos = _read_property_value(buf, pos + 1, stop, kind)
         if kind == _PAIR:
             user_properties.append(value)  # may repeat, order kept [MQTT-3.3.2-18]
             continue
         if kind <= _VARINT and (error := _property_value_error(ident, kind, value)):
-            raise ProtocolError(error)
+            raise ProtocolError(error, _value_error_code(ident))
         if ident == _SUBSCRIPTION_IDENTIFIER:
             # Several in a PUBLISH (one per matching subscription), one in a SUBSCRIBE.
             if subscription_ids and context != _PUBLISH:
@@ -453,9 +465,9 @@ def _decode_connect(flags: int, body: bytes, v5: bool) -> Connect:
     level = body[pos]
     if not ((name == "MQTT" and level in (4, 5)) or (name == "MQIsdp" and level == 3)):
         # [MQTT-3.1.2-1] [MQTT-3.1.2-2]; the broker answers CONNACK 0x01 (3.1.1) or 0x84.
-        raise ProtocolError(
+        raise UnsupportedProtocol(
             f"unsupported protocol {name!r} level {level}",
-            ReasonCode.UNSUPPORTED_PROTOCOL_VERSION,
+            known_name=name in ("MQTT", "MQIsdp"),
         )
     version = ProtocolVersion(level)
     v5 = version == _V5

@@ -27,7 +27,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from broker_edge.codec import Decoder, encode
-from broker_edge.errors import ProtocolError
+from broker_edge.errors import ProtocolError, UnsupportedProtocol
 from broker_edge.packets import (
     NO_PROPERTIES,
     SUBACK_FAILURE_311,
@@ -280,8 +280,11 @@ class Connection:
             self.send(Connack(reason_code=reason))
         elif (
             self.state is ConnState.AWAIT_CONNECT
-            and reason == ReasonCode.UNSUPPORTED_PROTOCOL_VERSION
+            and isinstance(exc, UnsupportedProtocol)
+            and exc.known_name
         ):
+            # "MQTT" at a level we do not speak: the 3.1.1 answer, which any MQTT client can
+            # read [MQTT-3.1.2-2]; an unknown protocol name is just closed [MQTT-3.1.2-1].
             self.send(Connack(reason_code=ConnackCode311.UNACCEPTABLE_PROTOCOL_VERSION))
         self.broker.log_malformed(self, exc)
         self.close(reason, reason_string=str(exc))

@@ -29,6 +29,18 @@ class MalformedPacket(ProtocolError):
         super().__init__(message, ReasonCode.MALFORMED_PACKET)
 
 
+class UnsupportedProtocol(ProtocolError):
+    """A CONNECT naming a protocol or level this edge does not speak [MQTT-3.1.2-1/2].
+
+    ``known_name``: the name was "MQTT" (or "MQIsdp") and only the level is unknown; such a
+    client gets the 3.1.1 CONNACK 0x01, anything else is closed without an answer.
+    """
+
+    def __init__(self, message: str, *, known_name: bool) -> None:
+        super().__init__(message, ReasonCode.UNSUPPORTED_PROTOCOL_VERSION)
+        self.known_name = known_name
+
+
 class PacketTooLarge(ProtocolError):
     """A packet over the maximum packet size this side accepts [MQTT-3.1.2-24]."""
 

@@ -298,10 +298,6 @@ V5_VIOLATIONS = [
         b"\x30\x0a\x00\x01a\x05\x11\x00\x00\x00\x01x",
         M,
         id="property-not-valid-for-publish",
-        marks=_xfail(
-            "codec raises ProtocolError (0x82) for a property not allowed in the packet type; "
-            "MQTT 5.0 2.2.2.2 says Malformed Packet (0x81)"
-        ),
     ),
     # -- Protocol Error (0x82): parsed, but not allowed --------------------------------------
     # [MQTT-3.1.0-2] "MUST process a second CONNECT packet ... as a Protocol Error".
@@ -352,10 +348,6 @@ V5_VIOLATIONS = [
         b"\x30\x08\x00\x01a\x03\x23\x00\x00x",
         frozenset({TOPIC_ALIAS_INVALID}),
         id="topic-alias-0",
-        marks=_xfail(
-            "codec rejects Topic Alias 0 as a generic ProtocolError (DISCONNECT 0x82); "
-            "MQTT 5.0 3.3.4 names 0x94 Topic Alias invalid"
-        ),
     ),
     # -- Topic Name invalid ------------------------------------------------------------------
     # [MQTT-3.3.2-2] "The Topic Name in the PUBLISH packet MUST NOT contain wildcard
@@ -617,11 +609,6 @@ def test_unsupported_protocol_level_gets_connack_0x01(edge, connect):
     assert outcome.closed, outcome.describe()
 
 
-@_xfail(
-    "Connection.protocol_failure answers any unsupported name/level with the 3.1.1 CONNACK "
-    "20 02 00 01, also to a level-5 CONNECT, whose client then reads reason code 0x01 (not a "
-    "5.0 Connect Reason Code) in a CONNACK without property length"
-)
 def test_v5_bad_protocol_name_closes_or_gets_connack_0x84(edge):
     # 5.0 [MQTT-3.1.2-1]: "If the Server does not want to accept the CONNECT, and wishes to
     # reveal that it is an MQTT Server it MAY send a CONNACK packet with Reason Code of 0x84

@@ -10,7 +10,13 @@ import pytest
 
 from broker_edge import codec
 from broker_edge.codec import DEFAULT_MAX_PACKET_SIZE, Decoder, encode, encode_publish
-from broker_edge.errors import LocalProtocolError, MalformedPacket, PacketTooLarge, ProtocolError
+from broker_edge.errors import (
+    LocalProtocolError,
+    MalformedPacket,
+    PacketTooLarge,
+    ProtocolError,
+    UnsupportedProtocol,
+)
 from broker_edge.packets import (
     NO_PROPERTIES,
     Auth,
@@ -101,6 +107,7 @@ def assert_rejected(
 
 MALFORMED = ReasonCode.MALFORMED_PACKET
 PROTOCOL = ReasonCode.PROTOCOL_ERROR
+TOPIC_ALIAS = ReasonCode.TOPIC_ALIAS_INVALID
 
 
 # -- round trips ---------------------------------------------------------------------------------
@@ -719,7 +726,16 @@ def connect_bytes(
 )
 def test_connect_unsupported_protocol(name: bytes, level: int) -> None:
     data = connect_bytes(name, level)
-    assert_rejected(data, None, ProtocolError, ReasonCode.UNSUPPORTED_PROTOCOL_VERSION)
+    assert_rejected(data, None, UnsupportedProtocol, ReasonCode.UNSUPPORTED_PROTOCOL_VERSION)
+
+
+def test_unsupported_protocol_says_whether_the_name_was_known() -> None:
+    for name, level, known in ((b"MQTT", 6, True), (b"MQTX", 5, False), (b"MQIsdp", 4, True)):
+        decoder = Decoder()
+        decoder.feed(connect_bytes(name, level))
+        with pytest.raises(UnsupportedProtocol) as info:
+            decoder.next_packet()
+        assert info.value.known_name is known
 
 
 def test_connect_valid_names_and_levels() -> None:
@@ -883,11 +899,12 @@ def publish5(props: bytes) -> bytes:
 @pytest.mark.parametrize(
     ("props", "error", "reason"),
     [
-        (b"\x11\x00\x00\x00\x01", ProtocolError, PROTOCOL),  # session expiry not in PUBLISH
-        (b"\x21\x00\x01", ProtocolError, PROTOCOL),  # receive maximum not in PUBLISH
+        # An identifier not valid for the packet type: malformed (2.2.2.2).
+        (b"\x11\x00\x00\x00\x01", MalformedPacket, MALFORMED),  # session expiry not in PUBLISH
+        (b"\x21\x00\x01", MalformedPacket, MALFORMED),  # receive maximum not in PUBLISH
         (b"\x02\x00\x00\x00\x01\x02\x00\x00\x00\x02", ProtocolError, PROTOCOL),  # duplicate
         (b"\x23\x00\x01\x23\x00\x02", ProtocolError, PROTOCOL),  # duplicate topic alias
-        (b"\x23\x00\x00", ProtocolError, PROTOCOL),  # topic alias 0 [MQTT-3.3.2-8]
+        (b"\x23\x00\x00", ProtocolError, TOPIC_ALIAS),  # topic alias 0 [MQTT-3.3.2-8], 0x94
         (b"\x0b\x00", ProtocolError, PROTOCOL),  # subscription identifier 0
         (b"\x01\x02", ProtocolError, PROTOCOL),  # payload format indicator 2
         (b"\x7f\x00", MalformedPacket, MALFORMED),  # unknown property
@@ -930,13 +947,22 @@ def connect5(props: bytes) -> bytes:
         b"\x21\x00\x00",  # receive maximum 0
         b"\x27\x00\x00\x00\x00",  # maximum packet size 0
         b"\x17\x02",  # request problem information 2
-        b"\x23\x00\x01",  # topic alias is PUBLISH only
-        b"\x18\x00\x00\x00\x01",  # will delay interval belongs to the will properties
         b"\x11\x00\x00\x00\x01\x11\x00\x00\x00\x01",  # duplicate session expiry
     ],
 )
 def test_bad_connect_properties(props: bytes) -> None:
     assert_rejected(connect5(props), None, ProtocolError, PROTOCOL)
+
+
+@pytest.mark.parametrize(
+    "props",
+    [
+        b"\x23\x00\x01",  # topic alias is PUBLISH only
+        b"\x18\x00\x00\x00\x01",  # will delay interval belongs to the will properties
+    ],
+)
+def test_connect_properties_of_another_packet_are_malformed(props: bytes) -> None:
+    assert_rejected(connect5(props), None, MalformedPacket, MALFORMED)  # 2.2.2.2
 
 
 def test_subscribe_allows_one_subscription_identifier() -> None:
@@ -953,7 +979,7 @@ def test_subscribe_allows_one_subscription_identifier() -> None:
 def test_will_properties_are_checked_against_the_will() -> None:
     # CONNECT with a will whose properties carry a topic alias.
     body = b"\x00\x04MQTT\x05\x06\x00\x3c\x00\x00\x01c\x03\x23\x00\x01\x00\x01w\x00\x00"
-    assert_rejected(b"\x10" + bytes([len(body)]) + body, None, ProtocolError, PROTOCOL)
+    assert_rejected(b"\x10" + bytes([len(body)]) + body, None, MalformedPacket, MALFORMED)
 
 
 def test_decoded_empty_properties_are_the_shared_constant() -> None:

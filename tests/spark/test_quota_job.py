@@ -1,0 +1,364 @@
+"""The quota step end to end: counters -> usage -> quota_events -> a retained decision that a
+real edge applies (its tenant gets PUBACK 0x97), limits re-read every batch, replays."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.util
+import json
+import queue
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as mqtt
+import pytest
+from counter_records import Counter, write_counters
+from deltalake import DeltaTable
+from paho.mqtt.enums import CallbackAPIVersion
+from pyspark.sql import SparkSession
+
+from broker_edge.plim import QuotaDecision
+from broker_edge.settings import EdgeSettings
+from ingest import source
+from sinks.delta import read_table
+from streaming import quota, usage
+from streaming.quota_settings import QuotaSettings, TenantLimits
+from streaming.settings import PipelineSettings
+
+pytestmark = pytest.mark.spark
+
+TIMEOUT = 10.0
+NOW = dt.datetime(2024, 3, 10, 12, 0, tzinfo=dt.UTC)  # counter_records' day, at noon
+QUOTA_EXCEEDED = 0x97
+
+TENANTS = """
+[operator]
+token = "op-token"
+
+[tenants.acme]
+tokens = ["acme-1"]
+
+[tenants.globex]
+tokens = ["globex-1"]
+"""
+
+
+def _running_edge_class() -> Any:
+    # The integration tests' RunningEdge (a real edge on port 0 in a thread); tests/ is not a
+    # package, so load that conftest by path under a name of its own.
+    path = Path(__file__).resolve().parents[1] / "integration" / "conftest.py"
+    spec = importlib.util.spec_from_file_location("edgebus_integration_conftest", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module.RunningEdge
+
+
+RunningEdge = _running_edge_class()
+
+
+@pytest.fixture
+def edgebus_spark(spark: SparkSession) -> SparkSession:
+    source.register(spark)
+    return spark
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> PipelineSettings:
+    return PipelineSettings(
+        data_dir=tmp_path / "data",
+        lake=tmp_path / "lake",
+        master="local[2]",
+        trigger_interval_seconds=0.1,
+        shuffle_partitions=2,
+    )
+
+
+@pytest.fixture
+def edge(tmp_path: Path) -> Iterator[Any]:
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text(TENANTS)
+    edge_settings = EdgeSettings(
+        host="127.0.0.1", port=0, data_dir=tmp_path / "edge", node_id="edge-q"
+    )
+    running = RunningEdge(edge_settings, "asyncio", tenants).start()
+    yield running
+    running.stop()
+
+
+class V5:
+    """A paho MQTT 5 client recording what it receives and the reason codes of its acks."""
+
+    def __init__(self, port: int, token: str, client_id: str) -> None:
+        self.inbox: queue.Queue[mqtt.MQTTMessage] = queue.Queue()
+        self.acks: queue.Queue[Any] = queue.Queue()
+        self.client = mqtt.Client(
+            CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5
+        )
+        self.client.username_pw_set(token)
+        connected: queue.Queue[Any] = queue.Queue()
+        subscribed: queue.Queue[Any] = queue.Queue()
+        self._subscribed = subscribed
+        self.client.on_connect = lambda c, u, f, rc, p: connected.put(rc)
+        self.client.on_message = lambda c, u, m: self.inbox.put(m)
+        self.client.on_publish = lambda c, u, mid, rc, p: self.acks.put(rc)
+        self.client.on_subscribe = lambda c, u, mid, codes, p: subscribed.put(codes)
+        self.client.connect("127.0.0.1", port)
+        self.client.loop_start()
+        self.rc = connected.get(timeout=TIMEOUT)
+        if self.rc.is_failure:  # refused: paho would keep trying
+            self.close()
+
+    def subscribe(self, topic_filter: str) -> None:
+        self.client.subscribe(topic_filter, qos=1)
+        codes = self._subscribed.get(timeout=TIMEOUT)
+        assert not codes[0].is_failure, codes
+
+    def publish_qos1(self, topic: str, payload: bytes) -> int:
+        self.client.publish(topic, payload, qos=1)
+        code: int = self.acks.get(timeout=TIMEOUT).value
+        return code
+
+    def next_message(self, timeout: float = TIMEOUT) -> mqtt.MQTTMessage:
+        return self.inbox.get(timeout=timeout)
+
+    def nothing_more(self, wait: float = 0.5) -> None:
+        try:
+            extra = self.inbox.get(timeout=wait)
+        except queue.Empty:
+            return
+        pytest.fail(f"unexpected message on {extra.topic}: {extra.payload!r}")
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+@pytest.fixture
+def clients(edge: Any) -> Iterator[Any]:
+    made: list[V5] = []
+
+    def _make(token: str, client_id: str) -> V5:
+        client = V5(edge.port, token, client_id)
+        made.append(client)
+        return client
+
+    yield _make
+    for client in made:
+        client.close()
+
+
+def free_port() -> int:
+    """A port nothing listens on (a broker that is down)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+class Limits:
+    """The tenants file as the quota step sees it: read afresh on every call."""
+
+    def __init__(self, limits: dict[str, TenantLimits]) -> None:
+        self.current = limits
+        self.calls = 0
+
+    def __call__(self) -> dict[str, TenantLimits]:
+        self.calls += 1
+        return dict(self.current)
+
+
+def run_once(spark: SparkSession, settings: PipelineSettings, quotas: QuotaSettings) -> None:
+    query = usage.UsageJob(quotas).start(spark, settings)
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+
+
+def events(settings: PipelineSettings) -> list[dict[str, Any]]:
+    rows = read_table(settings.table_path(quota.TABLE)).to_pylist()
+    return sorted(rows, key=lambda r: (r["batch_id"], r["tenant"], r["metric"]))
+
+
+def states(settings: PipelineSettings) -> list[tuple[Any, ...]]:
+    return [
+        (r["tenant"], r["metric"], r["state"], r["value"], r["limit"]) for r in events(settings)
+    ]
+
+
+def quota_state(client: V5) -> dict[str, Any]:
+    message = client.next_message()
+    assert message.topic == "$quota/messages_per_day"
+    doc: dict[str, Any] = json.loads(message.payload)
+    return doc
+
+
+def test_warn_block_raise_and_replay_against_a_real_edge(
+    edgebus_spark: SparkSession, settings: PipelineSettings, edge: Any, clients: Any
+) -> None:
+    journal = settings.journal_root
+    limits = Limits(
+        {
+            "acme": TenantLimits(messages_per_day=100),
+            "globex": TenantLimits(messages_per_day=1000, bytes_per_day=1_000_000),
+        }
+    )
+    quota_settings = QuotaSettings(
+        load_limits=limits,
+        operator_token="op-token",
+        # A broker that is down as well: its deliveries fail, the batches still succeed.
+        brokers=(("127.0.0.1", edge.port), ("127.0.0.1", free_port())),
+        publish_timeout_seconds=5.0,
+        clock=lambda: NOW,
+    )
+    acme = clients("acme-1", "acme-dev")
+    acme.subscribe("$quota/#")
+    globex = clients("globex-1", "globex-dev")
+
+    # 85 of 100 messages across two edges: warn.
+    write_counters(journal, "edge-a", [Counter("acme", "messages_in", 10, 50)])
+    write_counters(
+        journal,
+        "edge-b",
+        [Counter("acme", "messages_in", 20, 35), Counter("globex", "messages_in", 20, 20)],
+    )
+    run_once(edgebus_spark, settings, quota_settings)
+    assert states(settings) == [("acme", "messages_per_day", "warn", 85, 100)]
+    row = events(settings)[0]
+    assert (row["decided_at"], row["date"]) == (NOW, NOW.date())
+    warn = quota_state(acme)
+    assert (warn["state"], warn["value"], warn["limit"]) == ("warn", 85, 100)
+    assert acme.publish_qos1("fleet/truck-1/telemetry", b"still fine") == 0
+
+    # 115 of 100: blocked; the edge refuses the tenant, and only that tenant.
+    write_counters(journal, "edge-a", [Counter("acme", "messages_in", 70, 30)])
+    run_once(edgebus_spark, settings, quota_settings)
+    assert [s[2] for s in states(settings)] == ["warn", "blocked"]
+    assert states(settings)[-1] == ("acme", "messages_per_day", "blocked", 115, 100)
+    assert quota_state(acme)["state"] == "blocked"
+    assert acme.publish_qos1("fleet/truck-1/telemetry", b"over quota") == QUOTA_EXCEEDED
+    late = clients("acme-1", "acme-late")
+    assert late.rc.value == QUOTA_EXCEEDED
+    assert globex.publish_qos1("fleet/truck-9/telemetry", b"unaffected") == 0
+
+    # The tenants file raises the limit: the next batch clears the block.
+    limits.current = {**limits.current, "acme": TenantLimits(messages_per_day=1000)}
+    write_counters(journal, "edge-b", [Counter("globex", "messages_in", 80, 1)])
+    run_once(edgebus_spark, settings, quota_settings)
+    assert [s[2] for s in states(settings)] == ["warn", "blocked", "cleared"]
+    assert states(settings)[-1] == ("acme", "messages_per_day", "cleared", 115, 1000)
+    cleared = quota_state(acme)
+    assert (cleared["state"], cleared["limit"]) == ("ok", 1000)
+    assert acme.publish_qos1("fleet/truck-1/telemetry", b"accepted again") == 0
+    assert limits.calls >= 3
+
+    # What the edges were sent is the decision as the edge parses it.
+    operator = clients("op-token", "operator-watch")
+    operator.subscribe("$control/quota/#")
+    retained = operator.next_message()
+    assert retained.topic == "$control/quota/acme"
+    last = QuotaDecision.parse(retained.payload)
+    assert (last.state, last.metric, last.value) == ("ok", "messages_per_day", 115)
+
+    # A crash after the quota commit, before Spark's: the replayed batch decides nothing new
+    # and sends the recorded decision again, never a contradicting one.
+    events_table = DeltaTable(str(settings.table_path(quota.TABLE)))
+    version = events_table.version()
+    commits = settings.checkpoint_path(usage.JOB) / "commits"
+    last_batch = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
+    assert events_table.transaction_version(quota.APP_ID) == last_batch
+    (commits / str(last_batch)).unlink()
+    (commits / f".{last_batch}.crc").unlink(missing_ok=True)
+    limits.current = {**limits.current, "acme": TenantLimits(messages_per_day=10)}  # ignored
+    run_once(edgebus_spark, settings, quota_settings)
+    assert (commits / str(last_batch)).exists()
+    assert DeltaTable(str(settings.table_path(quota.TABLE))).version() == version
+    again = operator.next_message()
+    assert (again.topic, again.payload) == (retained.topic, retained.payload)
+    operator.nothing_more()
+    assert acme.publish_qos1("fleet/truck-1/telemetry", b"still accepted") == 0
+
+
+class Clock:
+    def __init__(self, now: dt.datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> dt.datetime:
+        return self.now
+
+
+def test_two_metrics_the_day_rolling_over_and_a_broken_tenants_file(
+    edgebus_spark: SparkSession, tmp_path: Path, edge: Any, clients: Any
+) -> None:
+    settings = PipelineSettings(
+        data_dir=tmp_path / "data",
+        lake=tmp_path / "lake",
+        master="local[2]",
+        max_records_per_batch=1,  # one counter record per batch
+        trigger_interval_seconds=0.1,
+        shuffle_partitions=2,
+    )
+    journal = settings.journal_root
+    clock = Clock(NOW)
+    limits = FailingLimits({"globex": TenantLimits(messages_per_day=100, bytes_per_day=1000)})
+    quota_settings = QuotaSettings(
+        load_limits=limits,
+        operator_token="op-token",
+        brokers=(("127.0.0.1", edge.port),),
+        clock=clock,
+    )
+    globex = clients("globex-1", "globex-dev")
+    write_counters(
+        journal,
+        "edge-a",
+        [Counter("globex", "messages_in", 10, 90), Counter("globex", "bytes_in", 10, 600)],
+    )
+    write_counters(journal, "edge-b", [Counter("globex", "bytes_in", 20, 500)])
+    run_once(edgebus_spark, settings, quota_settings)
+    assert sorted(states(settings)) == [
+        ("globex", "bytes_per_day", "blocked", 1100, 1000),
+        ("globex", "messages_per_day", "warn", 90, 100),
+    ]
+    # The edge got both; the blocking one is the one it keeps retained (and restarts with).
+    assert globex.publish_qos1("fleet/truck-9/telemetry", b"over") == QUOTA_EXCEEDED
+    operator = clients("op-token", "operator-watch")
+    operator.subscribe("$control/quota/#")
+    retained = QuotaDecision.parse(operator.next_message().payload)
+    assert (retained.metric, retained.state) == ("bytes_per_day", "blocked")
+
+    # The next UTC day; the tenants file breaks after the first batch (being edited, say).
+    clock.now = NOW + dt.timedelta(days=1)
+    limits.fail_after = limits.calls + 1
+    day_2 = 86_400
+    write_counters(journal, "edge-a", [Counter("globex", "messages_in", day_2 + 10, 5)])
+    write_counters(journal, "edge-b", [Counter("globex", "bytes_in", day_2 + 10, 5)])
+    run_once(edgebus_spark, settings, quota_settings)
+    assert limits.failures >= 1  # and the batches after it went on with the last limits
+    new_day = [r for r in events(settings) if r["date"] == clock.now.date()]
+    assert sorted((r["metric"], r["state"]) for r in new_day) == [
+        ("bytes_per_day", "ok"),
+        ("messages_per_day", "ok"),
+    ]
+    assert len({r["batch_id"] for r in new_day}) == 1
+    assert globex.publish_qos1("fleet/truck-9/telemetry", b"a new day") == 0
+
+
+class FailingLimits(Limits):
+    """Limits whose loader raises from call number ``fail_after`` on."""
+
+    def __init__(self, limits: dict[str, TenantLimits]) -> None:
+        super().__init__(limits)
+        self.fail_after: int | None = None
+        self.failures = 0
+
+    def __call__(self) -> dict[str, TenantLimits]:
+        if self.fail_after is not None and self.calls >= self.fail_after:
+            self.failures += 1
+            raise ValueError("tenants.toml: not valid TOML")
+        return super().__call__()
