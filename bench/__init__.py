@@ -7,6 +7,7 @@ Nothing here imports the edgebus packages, so the same generator measures any br
 - `bench.sink` — the "null" broker used to measure the generator's own ceiling.
 - `bench.brokers` — start/stop Mosquitto, edgebus and the null sink on a free port.
 - `bench.compare` — run one scenario against several brokers in one invocation (CLI).
+- `bench.suite` — the issue-3 matrix (every scenario x mosquitto, edgebus, null) (CLI).
 """
 
 

@@ -17,8 +17,15 @@ Publishers send pre-encoded batches (`wire.PublishBatch`) stamped with one
 `time.monotonic_ns()` per batch. At QoS 0 each connection writes a batch, yields to the loop
 and waits whenever the transport pauses writing (TCP backpressure); at QoS 1 a connection has
 at most `window` unacknowledged messages. With `rate` set, sends are paced to that total rate.
+On top of that, all publishers together keep at most `e2e_window` deliveries in flight end to
+end (`_Gate`, through a shared-memory array of sent and received counts), so a broker slower
+than the generator is measured at its own pace rather than buried under socket buffers.
 Subscribers count publishes with `wire.PublishScanner`, answer QoS 1 with PUBACKs in the same
-pass and sample the latency of every k-th message.
+pass, sample the latency of every k-th message, and record their cumulative count every
+TIMELINE_STEP_S (deliveries over time, stalls, and their own loop's lateness).
+
+The `idle` scenario is different: N clients connect and sit idle while the broker's RSS and
+CPU are sampled; see `idle()`.
 
 Against the null sink (`Target.null`) nothing is routed: publishers show their maximum send
 rate, subscribers the rate at which the sink can flood them; neither "loss" nor latency means
@@ -51,6 +58,10 @@ from bench import BenchError, wire
 log = logging.getLogger(__name__)
 
 SCENARIOS = ("fanin", "pairs", "fanout", "idle")
+# The end-to-end window never holds fewer than this many published messages: with 1,000
+# subscribers a window of 20,000 deliveries is 20 messages, too few to keep a broker that
+# delivers in batches (edgebus: after each journal group commit) busy.
+E2E_MIN_MESSAGES = 300
 TIMELINE_STEP_S = 0.25  # subscribers record their cumulative count this often (stall detection)
 
 
@@ -86,6 +97,9 @@ class LoadOptions:
     connect_timeout: float = 10.0
     worker_cpus: tuple[int, ...] | None = None  # pin the worker processes to these CPUs
     keepalive: int = 0  # CONNECT keepalive in seconds (0 = none); idle clients ping at half
+    # End-to-end flow control: at most this many deliveries in flight from publishers to
+    # subscribers (sent x fan-out - received, over all processes); None = unbounded.
+    e2e_window: int | None = 20_000
     connect_concurrency: int = 64  # idle scenario: handshakes in progress per worker process
 
     def __post_init__(self) -> None:
@@ -105,6 +119,8 @@ class LoadOptions:
             raise ValueError("keepalive must be in 0..65535")
         if self.connect_concurrency < 1:
             raise ValueError("connect_concurrency must be positive")
+        if self.e2e_window is not None and self.e2e_window < 1:
+            raise ValueError("e2e_window must be positive (or None)")
 
 
 # --- worker side -------------------------------------------------------------------------
@@ -119,6 +135,73 @@ class _WorkerSpec:
     options: LoadOptions
     rate_per_client: float | None = None
     reset_on_go: bool = False
+    slot: int = -1  # this worker's counter in the shared array (end-to-end flow control)
+    pub_slots: int = 0  # counters[:pub_slots] are messages sent, the rest messages received
+    fanout: int = 1  # deliveries per published message
+    e2e_window: int = 0  # deliveries in flight allowed by the _Gate (0 = no gate)
+
+
+class _Gate:
+    """End-to-end flow control for the publishers of one worker process.
+
+    Every publisher worker adds what it sends to its counter in a shared array, every
+    subscriber worker stores what it has received in its own; before each write a publisher
+    checks that sent x fan-out - received (all processes) stays below the window, else it
+    waits here and is pumped again, polled every millisecond, when the subscribers catch up.
+    Without it, a QoS 0 publisher faster than the broker fills the kernel's socket buffers
+    (tens of MB per connection with receive-buffer autotuning), and a 10 s run at 100
+    publishers becomes minutes of draining a backlog that says nothing about the broker.
+    """
+
+    def __init__(self, counters: Any, spec: _WorkerSpec, window: int) -> None:
+        self.counters = counters
+        self.slot = spec.slot
+        self.pub_slots = spec.pub_slots
+        self.fanout = max(1, spec.fanout)
+        self.window = window
+        self.loop = asyncio.get_running_loop()
+        self.blocked: set[_Publisher] = set()
+        self.timer: asyncio.TimerHandle | None = None
+        self.waits = 0
+
+    def allowed(self) -> int:
+        """Messages a publisher may send now."""
+        c = self.counters
+        p = self.pub_slots
+        in_flight: int = self.fanout * sum(c[:p]) - sum(c[p:])
+        return (self.window - in_flight) // self.fanout
+
+    def sent(self, n: int) -> None:
+        self.counters[self.slot] += n
+
+    def block(self, publisher: _Publisher) -> None:
+        if publisher not in self.blocked:
+            self.blocked.add(publisher)
+            self.waits += 1
+        if self.timer is None:
+            self.timer = self.loop.call_later(0.001, self._poll)
+
+    def unblock(self, publisher: _Publisher) -> None:
+        self.blocked.discard(publisher)
+
+    def _poll(self) -> None:
+        self.timer = None
+        if not self.blocked:
+            return
+        now = time.monotonic_ns()
+        if self.allowed() >= 1 or any(now >= p.deadline_ns for p in self.blocked):
+            publishers = list(self.blocked)
+            self.blocked.clear()
+            for publisher in publishers:
+                publisher._pump()  # sends, stops at the deadline, or blocks again
+        if self.blocked and self.timer is None:
+            self.timer = self.loop.call_later(0.001, self._poll)
+
+    def close(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.blocked.clear()
 
 
 class _Client(asyncio.Protocol):
@@ -210,6 +293,7 @@ class _Publisher(_Client):
         self.sending = False
         self.send_done: asyncio.Future[None] = self.loop.create_future()
         self._timer: asyncio.Handle | None = None
+        self.gate: _Gate | None = None
 
     def data_received(self, data: bytes) -> None:
         if not self.buf:
@@ -320,6 +404,13 @@ class _Publisher(_Client):
                 self._schedule(max(0.001, (min(next_ns, self.deadline_ns) - now) / 1e9))
                 return
             n = min(n, due)
+        if self.gate is not None:
+            allowed = self.gate.allowed()
+            if allowed < 1:
+                self.gate.block(self)  # the gate pumps again
+                return
+            n = min(n, allowed)
+            self.gate.sent(n)
         assert self.transport is not None
         self.transport.write(self.batch.fill(n, now, seq))
         self.seq = seq + n
@@ -342,6 +433,8 @@ class _Publisher(_Client):
 
     def _stop_sending(self) -> None:
         self.sending = False
+        if self.gate is not None:
+            self.gate.unblock(self)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -350,10 +443,18 @@ class _Publisher(_Client):
 
 
 class _Subscriber(_Client):
-    def __init__(self, scanner: wire.PublishScanner, progress: asyncio.Event) -> None:
+    def __init__(
+        self,
+        scanner: wire.PublishScanner,
+        progress: asyncio.Event,
+        counters: Any = None,
+        slot: int = -1,
+    ) -> None:
         super().__init__()
         self.scanner = scanner
         self.progress = progress
+        self.counters = counters  # shared with the publishers' _Gate, or None
+        self.slot = slot
 
     def data_received(self, data: bytes) -> None:
         buf = self.buf
@@ -362,6 +463,8 @@ class _Subscriber(_Client):
         others: list[wire.Packet] = []
         if self.scanner.scan(buf, time.monotonic_ns(), acks, others):
             self.progress.set()
+            if self.counters is not None:
+                self.counters[self.slot] = self.scanner.count
         if acks:
             assert self.transport is not None
             self.transport.write(bytes(acks))
@@ -416,12 +519,17 @@ async def _connect(spec: _WorkerSpec, factory: Any, client_id: str) -> Any:
     return proto
 
 
-async def _publisher_worker(spec: _WorkerSpec, conn: Connection) -> dict[str, Any]:
+async def _publisher_worker(
+    spec: _WorkerSpec, conn: Connection, counters: Any = None
+) -> dict[str, Any]:
     pipe = _Pipe(conn)
     clients: list[_Publisher] = []
+    window = spec.e2e_window
+    gate = _Gate(counters, spec, window) if counters is not None and window else None
     try:
         for client_id, _ in spec.clients:
             clients.append(await _connect(spec, _Publisher, client_id))
+            clients[-1].gate = gate
         conn.send(("ready",))
         _, start_ns, deadline_ns = await pipe.get("go", spec.options.connect_timeout + 60)
         cpu0 = _cpu_now()
@@ -433,8 +541,9 @@ async def _publisher_worker(spec: _WorkerSpec, conn: Connection) -> dict[str, An
         )
         cpu = _cpu_now() - cpu0
     finally:
-        for client in clients:
-            await client.close(spec.options.drain_timeout)
+        if gate is not None:
+            gate.close()
+        await asyncio.gather(*(client.close(spec.options.drain_timeout) for client in clients))
         pipe.close()
     sent = {topic: r["sent"] for (_, topic), r in zip(spec.clients, results, strict=True)}
     starts = [r["first_ns"] for r in results if r["first_ns"]]
@@ -443,11 +552,14 @@ async def _publisher_worker(spec: _WorkerSpec, conn: Connection) -> dict[str, An
         "acked": sum(r["acked"] for r in results),
         "first_ns": min(starts, default=0),
         "last_ns": max((r["last_ns"] for r in results), default=0),
+        "gate_waits": gate.waits if gate is not None else None,
         "cpu_s": cpu,
     }
 
 
-async def _subscriber_worker(spec: _WorkerSpec, conn: Connection) -> dict[str, Any]:
+async def _subscriber_worker(
+    spec: _WorkerSpec, conn: Connection, counters: Any = None
+) -> dict[str, Any]:
     pipe = _Pipe(conn)
     opts = spec.options
     scanner = wire.PublishScanner(sample_every=opts.sample_every)
@@ -457,7 +569,9 @@ async def _subscriber_worker(spec: _WorkerSpec, conn: Connection) -> dict[str, A
     recorder: asyncio.Task[None] | None = None
     try:
         for client_id, topic_filter in spec.clients:
-            client = await _connect(spec, lambda: _Subscriber(scanner, progress), client_id)
+            client = await _connect(
+                spec, lambda: _Subscriber(scanner, progress, counters, spec.slot), client_id
+            )
             clients.append(client)
             await client.subscribe(topic_filter, opts.qos, opts.connect_timeout)
         conn.send(("ready",))
@@ -465,6 +579,9 @@ async def _subscriber_worker(spec: _WorkerSpec, conn: Connection) -> dict[str, A
         cpu0 = _cpu_now()
         if spec.reset_on_go:
             scanner.reset()
+            for client in clients:  # the null sink starts flooding on this PINGREQ
+                assert client.transport is not None
+                client.transport.write(wire.PINGREQ)
         steps = int((opts.duration + opts.drain_timeout + 60) / TIMELINE_STEP_S)
         recorder = asyncio.create_task(_record_timeline(scanner, start_ns, timeline, steps))
         _, expected, idle_s, max_s = await pipe.get("finish", opts.duration + 3600)
@@ -484,8 +601,7 @@ async def _subscriber_worker(spec: _WorkerSpec, conn: Connection) -> dict[str, A
             recorder.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await recorder
-        for client in clients:
-            await client.close(opts.drain_timeout)
+        await asyncio.gather(*(client.close(opts.drain_timeout) for client in clients))
         pipe.close()
     return {
         "received": scanner.count,
@@ -548,7 +664,7 @@ class _IdleClient(_Client):
             self.on_control(packet)  # CONNACK; PINGRESP and anything else are ignored
 
 
-async def _idle_worker(spec: _WorkerSpec, conn: Connection) -> dict[str, Any]:
+async def _idle_worker(spec: _WorkerSpec, conn: Connection, counters: Any = None) -> dict[str, Any]:
     """Open the clients (`connect_concurrency` handshakes at a time), report, hold them idle
     until the parent says "finish", then close them; see `idle()`."""
     pipe = _Pipe(conn)
@@ -618,7 +734,7 @@ def raise_nofile() -> int:
 _WORKERS = {"pub": _publisher_worker, "sub": _subscriber_worker, "idle": _idle_worker}
 
 
-def _worker_main(spec: _WorkerSpec, conn: Connection) -> None:
+def _worker_main(spec: _WorkerSpec, conn: Connection, counters: Any = None) -> None:
     """Entry point of a spawned worker process."""
     worker = _WORKERS[spec.role]
     raise_nofile()
@@ -626,7 +742,7 @@ def _worker_main(spec: _WorkerSpec, conn: Connection) -> None:
         os.sched_setaffinity(0, spec.options.worker_cpus)
     try:
         try:
-            reply: tuple[Any, ...] = ("done", _run_loop(worker(spec, conn)))
+            reply: tuple[Any, ...] = ("done", _run_loop(worker(spec, conn, counters)))
         except Exception as exc:  # report every failure to the parent, then exit
             reply = ("error", f"{spec.role} worker: {type(exc).__name__}: {exc}")
         # The event loop made the pipe non-blocking; a big result must not hit EAGAIN.
@@ -690,10 +806,10 @@ class _Workers:
     pipes: list[Connection] = field(default_factory=list)
     specs: list[_WorkerSpec] = field(default_factory=list)
 
-    def start(self, spec: _WorkerSpec) -> None:
+    def start(self, spec: _WorkerSpec, counters: Any = None) -> None:
         ctx = multiprocessing.get_context("spawn")
         parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_worker_main, args=(spec, child), daemon=True)
+        proc = ctx.Process(target=_worker_main, args=(spec, child, counters), daemon=True)
         proc.start()
         child.close()
         self.procs.append(proc)
@@ -751,16 +867,46 @@ def run_clients(
     pub_groups = _split(publishers, options.pub_procs or cpus)
     sub_groups = _split(subscribers, options.sub_procs or cpus)
     rate_per_client = options.rate / len(publishers) if options.rate else None
+    # End-to-end flow control (see _Gate); not against the null sink, which routes nothing.
+    # Deliveries per message: the most subscriptions any publisher's topic matches.
+    fanout = max(
+        (sum(topic_matches(f, topic) for _, f in subscribers) for _, topic in publishers),
+        default=1,
+    )
+    counters = None
+    window = max(options.e2e_window or 0, E2E_MIN_MESSAGES * fanout)
+    if options.e2e_window and not target.null and fanout:
+        counters = multiprocessing.get_context("spawn").RawArray(
+            "q", len(pub_groups) + len(sub_groups)
+        )
     workers = _Workers()
     try:
-        for group in sub_groups:
-            workers.start(
-                _WorkerSpec("sub", target.host, target.port, group, options, None, target.null)
+        for i, group in enumerate(sub_groups):
+            spec = _WorkerSpec(
+                "sub",
+                target.host,
+                target.port,
+                group,
+                options,
+                None,
+                target.null,
+                slot=len(pub_groups) + i,
             )
-        for group in pub_groups:
-            workers.start(
-                _WorkerSpec("pub", target.host, target.port, group, options, rate_per_client)
+            workers.start(spec, counters)
+        for i, group in enumerate(pub_groups):
+            spec = _WorkerSpec(
+                "pub",
+                target.host,
+                target.port,
+                group,
+                options,
+                rate_per_client,
+                slot=i,
+                pub_slots=len(pub_groups),
+                fanout=fanout,
+                e2e_window=window if counters is not None else 0,
             )
+            workers.start(spec, counters)
         subs = list(range(len(sub_groups)))
         pubs = list(range(len(sub_groups), len(workers.procs)))
         workers.expect(subs + pubs, "ready", options.connect_timeout + 60)
@@ -797,7 +943,7 @@ def run_clients(
     finally:
         workers.close()
 
-    return _aggregate(
+    result = _aggregate(
         target,
         options,
         pub_results,
@@ -809,6 +955,8 @@ def run_clients(
         len(publishers),
         len(subscribers),
     )
+    result["e2e_window"] = window if counters is not None else None
+    return result
 
 
 def _aggregate(
@@ -846,6 +994,7 @@ def _aggregate(
         "sub_procs": len(sub_results),
         "sent": sent,
         "acked": sum(r["acked"] for r in pub_results) if options.qos else None,
+        "e2e_gate_waits": _sum_or_none(r.get("gate_waits") for r in pub_results),
         "send_duration_s": send_s,
         "send_rate": sent / send_s if send_s > 0 else 0.0,
         "received": received,
@@ -884,6 +1033,11 @@ def _aggregate(
             "cpus": os.cpu_count(),
         },
     }
+
+
+def _sum_or_none(values: Any) -> int | None:
+    present = [v for v in values if v is not None]
+    return sum(present) if present else None
 
 
 def _sum_timelines(sub_results: list[dict[str, Any]]) -> list[int]:
@@ -1009,7 +1163,7 @@ def idle(
     finally:
         workers.close()
 
-    connected = sum(r["connected"] for r in reports)
+    connected: int = sum(r["connected"] for r in reports)
     errors: dict[str, int] = {}
     for r in done:
         for key, n in r["errors"].items():
@@ -1116,6 +1270,13 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--payload", type=int, default=64, help="payload bytes (default 64)")
     parser.add_argument("--batch", type=int, default=64, help="QoS 0 packets per write")
     parser.add_argument("--window", type=int, default=32, help="QoS 1 in-flight per connection")
+    parser.add_argument(
+        "--e2e-window",
+        type=int,
+        default=20_000,
+        help="max deliveries in flight from all publishers to all subscribers (default 20000; "
+        "0 = unbounded, QoS 0 publishers then fill the kernel's socket buffers)",
+    )
     parser.add_argument("--pub-procs", type=int, help="publisher processes (default: CPUs)")
     parser.add_argument(
         "--sub-procs", type=int, help="subscriber (idle: client) processes (default: CPUs)"
@@ -1144,6 +1305,7 @@ def options_from_args(args: argparse.Namespace) -> LoadOptions:
         drain_timeout=args.drain_timeout,
         keepalive=args.keepalive,
         connect_concurrency=args.connect_concurrency,
+        e2e_window=args.e2e_window or None,
     )
 
 

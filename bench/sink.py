@@ -3,9 +3,11 @@
 Theory of operation
 -------------------
 Every connection gets CONNACK, SUBACK (granting what was asked), PUBACK for QoS 1 publishes
-and PINGRESP; publishes are counted and discarded, never routed. With `--blast`, each
-SUBSCRIBE also starts a writer that floods that connection with pre-encoded benchmark
-PUBLISH packets (QoS as granted) for as long as it stays connected. Run against this sink,
+and PINGRESP; publishes are counted and discarded, never routed. With `--blast`, the first
+PINGREQ after a SUBSCRIBE starts a writer that floods that connection with pre-encoded
+benchmark PUBLISH packets (QoS as granted) for as long as it stays connected; the generator's
+subscribers send that PINGREQ on "go", so a worker opening 500 connections is not flooded by
+the first ones while it opens the rest. Run against this sink,
 the publishers show their maximum send rate and the subscribers their maximum receive rate
 under the same CPU split as a real run (sink on one core, generator on the other), which is
 the generator's ceiling: a broker result below it was not limited by the generator.
@@ -49,6 +51,8 @@ class _SinkConnection(asyncio.Protocol):
         self.scanner = wire.PublishScanner(sample_every=0)
         self.resumed: asyncio.Future[None] | None = None
         self.closed = False
+        self.subscribed: tuple[str, int] | None = None  # (first filter, granted QoS)
+        self.blasting = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement, but do not subclass, asyncio.Transport.
@@ -94,10 +98,12 @@ class _SinkConnection(asyncio.Protocol):
                 pid, filters = wire.parse_subscribe(packet)
                 granted = [min(qos, 1) for _, qos in filters]
                 out += wire.suback(pid, granted)
-                if self.sink.blast:
-                    self._start_blast(filters[0][0], granted[0])
+                self.subscribed = (filters[0][0], granted[0])
             elif packet.type == wire.PacketType.PINGREQ:
                 out += wire.PINGRESP
+                if self.sink.blast and self.subscribed and not self.blasting:
+                    self.blasting = True
+                    self._start_blast(*self.subscribed)
             elif packet.type == wire.PacketType.DISCONNECT:
                 self.transport.close()
                 return

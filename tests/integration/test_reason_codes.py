@@ -246,10 +246,6 @@ def _assert_refused_before_connack(outcome: Outcome, codes: frozenset[int]) -> N
         assert body[1] in codes, outcome.describe()
 
 
-def _xfail(reason: str) -> pytest.MarkDecorator:
-    return pytest.mark.xfail(strict=True, reason=reason)
-
-
 # -- MQTT 5.0: violations after CONNACK ----------------------------------------------------------
 
 M = frozenset({MALFORMED})
