@@ -51,12 +51,20 @@ def _parser() -> argparse.ArgumentParser:
     _pipeline_args(pipe)
     pipe.add_argument("--once", action="store_true", help="process what is there, then exit")
     pipe.add_argument(
-        "--tenants", type=Path, help="TOML tenants file: the limits the quota job enforces"
+        "--tenants", type=Path, help="TOML tenants file: the limits the quota step enforces"
+    )
+    pipe.add_argument(
+        "--broker",
+        type=_host_port,
+        action="append",
+        default=[],
+        help="HOST:PORT of an edge to send quota decisions to (repeatable)",
     )
 
     run = sub.add_parser("run", help="the embedded default: one edge plus the pipeline")
     run.add_argument("--listen", type=_host_port, default=("127.0.0.1", 1883))
     run.add_argument("--node-id", default=None)
+    run.add_argument("--tenants", type=Path, help="tenants file for the edge and the quota step")
     _pipeline_args(run)
     logs_cli.add_parser(sub)
     return parser
@@ -155,6 +163,17 @@ def _pipeline(args: argparse.Namespace) -> int:
             print(f"edgebus: bad tenants file: {exc}", file=sys.stderr)
             return 2
         log.info("tenants file %s: %d tenant(s)", args.tenants, len(tenants.tenants))
+        if args.broker and tenants.operator_token is None:
+            print(
+                f"edgebus: {args.tenants}: --broker needs an [operator] token to publish with",
+                file=sys.stderr,
+            )
+            return 2
+        if not args.broker:
+            log.warning("no --broker: quota decisions are recorded, not sent to any edge")
+        quota = _quota_settings(args.tenants, tenants.operator_token or "", args.broker)
+    else:
+        quota = None
     from streaming import pipeline
 
     stop = threading.Event()
@@ -165,8 +184,24 @@ def _pipeline(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
-    pipeline.run(settings, once=args.once, stop=stop)
+    pipeline.run(settings, once=args.once, stop=stop, quota=quota)
     return 0
+
+
+def _quota_settings(path: Path, token: str, brokers: list[tuple[str, int]]) -> Any:
+    """The quota step's settings; the limits loader reads the tenants file on every call, so a
+    changed file (limits raised or lowered) counts from the next batch."""
+    from broker_edge.tenants import load as load_tenants
+    from streaming.quota_settings import QuotaSettings, TenantLimits
+
+    def load_limits() -> dict[str, TenantLimits]:
+        config = load_tenants(path)
+        return {
+            name: TenantLimits(t.limits.messages_per_day, t.limits.bytes_per_day)
+            for name, t in config.tenants.items()
+        }
+
+    return QuotaSettings(load_limits=load_limits, operator_token=token, brokers=tuple(brokers))
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -185,6 +220,12 @@ def _run(args: argparse.Namespace) -> int:
     if args.node_id:
         edge_cmd += ["--node-id", args.node_id]
     pipe_cmd = [*exe, "pipeline", "--data-dir", str(pipeline_settings.data_dir)]
+    if args.tenants:
+        edge_cmd += ["--tenants", str(args.tenants)]
+        # Quota decisions go back to this run's edge (port 0 means "not known in advance").
+        pipe_cmd += ["--tenants", str(args.tenants)]
+        if port:
+            pipe_cmd += ["--broker", f"{host}:{port}"]
     pipe_cmd += ["--lake", str(pipeline_settings.lake)]
     if args.config:
         pipe_cmd += ["--config", str(args.config)]

@@ -13,6 +13,12 @@ from types import MappingProxyType
 import pyarrow as pa
 
 from schemas.journal import USER_PROPERTY
+from schemas.usage import (
+    QUOTA_EVENTS_PARTITION_BY,
+    QUOTA_EVENTS_SCHEMA,
+    USAGE_PARTITION_BY,
+    USAGE_SCHEMA,
+)
 
 # One row per publish on a tenant's own topics (anything not starting with "$"). ``(node, seq)``
 # is the journal record's identity; ``date`` is the UTC date of ``ts``.
@@ -82,5 +88,7 @@ TABLES: Mapping[str, TableSpec] = MappingProxyType(
     {
         "messages": TableSpec(MESSAGES_SCHEMA, MESSAGES_PARTITION_BY),
         "logs": TableSpec(LOGS_SCHEMA, LOGS_PARTITION_BY),
+        "usage": TableSpec(USAGE_SCHEMA, USAGE_PARTITION_BY),
+        "quota_events": TableSpec(QUOTA_EVENTS_SCHEMA, QUOTA_EVENTS_PARTITION_BY),
     }
 )

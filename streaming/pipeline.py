@@ -10,8 +10,9 @@ from typing import Protocol
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from streaming import history, logs
+from streaming import history, logs, usage
 from streaming.errors import PipelineError
+from streaming.quota_settings import QuotaSettings
 from streaming.session import build_spark
 from streaming.settings import PipelineSettings
 
@@ -25,7 +26,8 @@ class Job(Protocol):
 
 
 # Every job the pipeline runs; a new table's job plugs in here.
-JOBS: tuple[Job, ...] = (history, logs)
+# The usage job also runs the quota step when given QuotaSettings (see run()).
+JOBS: tuple[Job, ...] = (history, logs, usage)
 
 # How often a long run checks whether a query failed (a set stop event is seen at once).
 POLL_SECONDS = 0.5
@@ -39,8 +41,10 @@ def run(
     once: bool,
     stop: threading.Event | None = None,
     spark: SparkSession | None = None,
+    quota: QuotaSettings | None = None,
 ) -> None:
-    """Run every job in :data:`JOBS`.
+    """Run every job in :data:`JOBS` (the usage job with the quota step when ``quota`` is
+    given: usage against the tenants' limits, decisions to ``quota_events`` and the edges).
 
     ``once``: process everything available now, then return. Otherwise run until ``stop`` is
     set (never, without one), re-raising the error of the first query that fails. The
@@ -51,7 +55,8 @@ def run(
     queries: list[StreamingQuery] = []
     try:
         # One at a time, so the queries already started are stopped if a later start fails.
-        for job in JOBS:
+        jobs = [usage.UsageJob(quota) if job is usage else job for job in JOBS]
+        for job in jobs:
             queries.append(job.start(session, settings))  # noqa: PERF401
         if once:
             for query in queries:

@@ -1,0 +1,117 @@
+"""Usage counters and quota decisions: the counter payload the edges publish, the ``usage`` and
+``quota_events`` tables, and the decision the pipeline sends back to the edges.
+
+Defined once here (Arrow); Spark types are derived with ``from_arrow_schema`` where needed.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+_TS = pa.timestamp("us", tz="UTC")
+
+COUNTERS_TOPIC_PREFIX = "$counters/"
+"""Edges publish each tenant's usage on ``$counters/{metric}`` in the tenant's namespace."""
+
+COUNTER_KINDS = ("counter", "gauge")
+
+# The JSON payload on ``$counters/{metric}`` (see broker_edge.plim.counter_messages). ``delta``
+# is what a counter grew by during the interval; ``total`` is the node's running total, or a
+# gauge's current value. Timestamps are ISO 8601 strings with an offset in the JSON.
+COUNTER_PAYLOAD_SCHEMA = pa.schema(
+    [
+        pa.field("node", pa.string()),
+        pa.field("tenant", pa.string()),
+        pa.field("metric", pa.string()),
+        pa.field("kind", pa.string()),
+        pa.field("delta", pa.int64()),
+        pa.field("total", pa.int64()),
+        pa.field("interval_start", _TS),
+        pa.field("interval_end", _TS),
+    ]
+)
+
+# One node's part of a usage window: a counter's summed deltas, or a gauge's latest value
+# (the one reported last, at ``reported_at``).
+NODE_USAGE = pa.struct(
+    [
+        pa.field("node", pa.string(), nullable=False),
+        pa.field("value", pa.int64(), nullable=False),
+        pa.field("reported_at", _TS, nullable=False),
+    ]
+)
+
+_NODE_ELEMENT = pa.field("element", NODE_USAGE, nullable=False)
+
+# What the usage job's transform hands to its sink: one row per tenant, metric, minute and node,
+# for the counter records of one micro-batch.
+USAGE_PARTIAL_SCHEMA = pa.schema(
+    [
+        pa.field("tenant", pa.string(), nullable=False),
+        pa.field("metric", pa.string(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("window_start", _TS, nullable=False),
+        pa.field("date", pa.date32(), nullable=False),
+        pa.field("node", pa.string(), nullable=False),
+        pa.field("value", pa.int64(), nullable=False),
+        pa.field("reported_at", _TS, nullable=False),
+    ]
+)
+
+# One row per tenant, metric and one-minute window [window_start, window_end), across all edges.
+# A counter interval belongs to the window its ``interval_end`` falls in.
+#   value      counters: the deltas of every node summed; gauges: the sum over nodes of each
+#              node's latest value in the window.
+#   day_value  the UTC day so far, through this window: counters a running total (the day's
+#              usage), gauges a running maximum (the day's peak).
+#   nodes      each node's part of ``value``, sorted by node.
+# ``date`` is the UTC date of ``window_start``. Unique on USAGE_KEY.
+USAGE_SCHEMA = pa.schema(
+    [
+        pa.field("tenant", pa.string(), nullable=False),
+        pa.field("metric", pa.string(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("window_start", _TS, nullable=False),
+        pa.field("window_end", _TS, nullable=False),
+        pa.field("value", pa.int64(), nullable=False),
+        pa.field("day_value", pa.int64(), nullable=False),
+        pa.field(
+            "nodes", pa.list_(pa.field("element", NODE_USAGE, nullable=False)), nullable=False
+        ),
+        pa.field("date", pa.date32(), nullable=False),
+    ]
+)
+
+USAGE_PARTITION_BY: tuple[str, ...] = ("tenant", "date")
+USAGE_KEY: tuple[str, ...] = ("tenant", "date", "metric", "window_start")
+
+QUOTA_EVENT_STATES = ("ok", "warn", "blocked", "cleared")
+"""``warn`` at 80 % of a limit, ``blocked`` at 100 %; back under 80 %: ``cleared`` (the limit was
+raised or removed the same UTC day) or ``ok`` (a new UTC day started)."""
+
+# One row per change of a tenant's quota state for one metric (``messages_per_day``,
+# ``bytes_per_day``: the limit's name). ``limit`` is null when the tenant has no such limit any
+# more; ``value`` is the day's usage when decided; ``batch_id`` the usage job's micro-batch that
+# decided it; ``date`` the UTC date of ``decided_at``.
+QUOTA_EVENTS_SCHEMA = pa.schema(
+    [
+        pa.field("tenant", pa.string(), nullable=False),
+        pa.field("metric", pa.string(), nullable=False),
+        pa.field("limit", pa.int64(), nullable=True),
+        pa.field("value", pa.int64(), nullable=False),
+        pa.field("state", pa.string(), nullable=False),
+        pa.field("decided_at", _TS, nullable=False),
+        pa.field("batch_id", pa.int64(), nullable=False),
+        pa.field("date", pa.date32(), nullable=False),
+    ]
+)
+
+QUOTA_EVENTS_PARTITION_BY: tuple[str, ...] = ("tenant", "date")
+
+CONTROL_TOPIC_PREFIX = "$control/quota/"
+"""Decisions go to ``$control/quota/{tenant}`` in the operator's namespace, retained."""
+
+DECISION_STATES = ("ok", "warn", "blocked")
+# The decision JSON object's keys (broker_edge.plim.QuotaDecision): state (DECISION_STATES),
+# metric, limit and value (numbers or null), decided_at (ISO 8601 string).
+DECISION_FIELDS = ("state", "metric", "limit", "value", "decided_at")
