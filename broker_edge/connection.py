@@ -464,7 +464,9 @@ class Connection:
         """The journal made an inbound publish durable: acknowledge it now."""
         if qos == QoS.AT_LEAST_ONCE:
             self.inbound_unacked -= 1
-            self.send(Puback(packet_id=packet_id))
+            # PUBACK 0x00 without properties is the same four bytes in 3.1.1 and 5.0 (the
+            # reason code may be omitted when it is 0 [MQTT-3.4.2.1]): no encoder needed.
+            self.emit(b"\x40\x02" + packet_id.to_bytes(2, "big"))
         else:
             self.send(Pubrec(packet_id=packet_id))
 
