@@ -231,7 +231,11 @@ def _run(args: argparse.Namespace) -> int:
         pipe_cmd += ["--config", str(args.config)]
     if args.master:
         pipe_cmd += ["--master", args.master]
-    children = [subprocess.Popen(edge_cmd), subprocess.Popen(pipe_cmd)]
+    children = [
+        # The supervisor runs no threads yet, so preexec_fn is safe here.
+        subprocess.Popen(edge_cmd, preexec_fn=_die_with_parent),  # noqa: PLW1509
+        subprocess.Popen(pipe_cmd, preexec_fn=_die_with_parent),  # noqa: PLW1509
+    ]
     stopping = threading.Event()
 
     def _forward(signum: int, frame: object) -> None:
@@ -255,6 +259,15 @@ def _run(args: argparse.Namespace) -> int:
             children[0].wait(timeout=0.5)
     codes = [child.returncode for child in children]
     return 0 if stopping.is_set() and codes == [0, 0] else max(codes) or 1
+
+
+def _die_with_parent() -> None:
+    """In a child of `edgebus run`: get SIGTERM when the supervisor dies, even by SIGKILL, so
+    no edge or pipeline is left running on its own (Linux prctl PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 if __name__ == "__main__":
