@@ -38,6 +38,7 @@ import logging
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -88,7 +89,30 @@ def machine_info() -> dict[str, Any]:
         "python": sys.version.split()[0],
         "uvloop": uvloop_version,
         "mosquitto": brokers.mosquitto_version(),
+        "edgebus_git": git_state(),
     }
+
+
+def git_state() -> dict[str, Any] | None:
+    """The commit the edgebus under test was built from, and whether its code had uncommitted
+    changes (the broker code changes often; a figure belongs to a version)."""
+
+    def git(*argv: str) -> str:
+        return subprocess.run(
+            ["git", *argv],
+            cwd=brokers.REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+
+    try:
+        head = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--", "broker_edge", "edgebus")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"head": head, "uncommitted_broker_changes": bool(dirty)}
 
 
 def background_cores(seconds: float = 1.0) -> float:

@@ -311,7 +311,12 @@ def _fake_run(rate: float, *, send: float | None = None, p99: float = 1.0) -> di
         "loss": 0,
         "expected": 100,
         "timeline": {"stall_max_s": 0.0, "tail_s": 0.1},
-        "cpu": {"broker_cores": 0.9, "publishers_cores": 0.1, "subscribers_cores": 0.2},
+        "cpu": {
+            "broker_cores": 0.9,
+            "publishers_cores": 0.1,
+            "subscribers_cores": 0.2,
+            "machine_busy_cores": 1.3,
+        },
         "latency_ms": {"p50": 0.5, "p99": p99, "max": 2.0},
         "options": {"rate": 1000.0},
         "background_cores_before": 0.02,
@@ -336,6 +341,8 @@ def test_suite_rows_give_ratios_latency_and_headroom() -> None:
     assert rows["edgebus"]["error"] == "LoadgenError: boom"
     assert rows["mosquitto"]["headroom"] == pytest.approx(10.0)  # publisher side is lower
     assert rows["null"]["ceiling"] == {"publishers": 1_000_000, "subscribers": 2_000_000}
+    assert rows["mosquitto"]["other_cores"] == pytest.approx(0.1)  # 1.3 busy - 1.2 ours
+    assert rows["edgebus"]["other_cores_at_rate"] is None
     text = suite.format_summary([{"rows": list(rows.values())}])
     assert "ceiling: publishers 1,000,000 msgs/s" in text
     assert "ERROR: LoadgenError: boom" in text
