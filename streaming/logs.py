@@ -21,11 +21,10 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.types import MapType, StringType, StructField, StructType
 
-from ingest.source import OPTION_CHECKPOINT, OPTION_MAX_RECORDS, OPTION_PATH, SOURCE_NAME
 from schemas.payloads import LOG_EVENT_SCHEMA, LOG_TOPIC_PREFIX
 from schemas.tables import LOGS_PARTITION_BY, LOGS_SCHEMA
 from sinks.delta import DeltaBatchWriter
-from streaming.history import check_checkpoint
+from streaming.job import DeltaSink, check_checkpoint, journal_stream, start_query
 from streaming.settings import PipelineSettings
 
 logger = logging.getLogger(__name__)
@@ -125,16 +124,6 @@ def invalid_reason(event: Column) -> Column:
     return reason
 
 
-class _BatchSink:
-    """The ``foreachBatch`` function: one micro-batch to Arrow, then to the Delta writer."""
-
-    def __init__(self, writer: DeltaBatchWriter) -> None:
-        self._writer = writer
-
-    def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        self._writer.write(batch_id, batch.toArrow())
-
-
 def logs_writer(settings: PipelineSettings) -> DeltaBatchWriter:
     return DeltaBatchWriter(settings.table_path(TABLE), APP_ID, LOGS_SCHEMA, LOGS_PARTITION_BY)
 
@@ -144,20 +133,9 @@ def start(spark: SparkSession, settings: PipelineSettings) -> StreamingQuery:
     checkpoint = settings.checkpoint_path(JOB)
     writer = logs_writer(settings)
     check_checkpoint(checkpoint, writer)
-    journal = (
-        spark.readStream.format(SOURCE_NAME)
-        .option(OPTION_PATH, str(settings.journal_root))
-        .option(OPTION_MAX_RECORDS, str(settings.max_records_per_batch))
-        .option(OPTION_CHECKPOINT, str(checkpoint))
-        .load()
-    )
-    query: StreamingQuery = (
-        transform(journal)
-        .writeStream.queryName(JOB)
-        .foreachBatch(_BatchSink(writer))
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(processingTime=f"{settings.trigger_interval_seconds} seconds")
-        .start()
+    rows = transform(journal_stream(spark, settings, checkpoint))
+    query = start_query(
+        rows, job=JOB, sink=DeltaSink(writer), checkpoint=checkpoint, settings=settings
     )
     logger.info("started %s: %s -> %s", JOB, settings.journal_root, writer.path)
     return query

@@ -62,7 +62,7 @@ from schemas.usage import (
 )
 from sinks.delta import conform, read_table
 from sinks.upsert import DeltaUpsertWriter, query_table, sql_string, table_exists
-from streaming.history import check_checkpoint
+from streaming.job import check_checkpoint
 from streaming.quota_settings import QuotaSettings
 from streaming.settings import PipelineSettings
 

@@ -1,0 +1,82 @@
+"""What every journal-to-Delta job shares: the journal stream, the Delta batch sink, starting
+the query, and the checkpoint check that keeps batch ids from restarting below the table's."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming.query import StreamingQuery
+
+from ingest.source import OPTION_CHECKPOINT, OPTION_MAX_RECORDS, OPTION_PATH, SOURCE_NAME
+from sinks.delta import DeltaBatchWriter
+from streaming.errors import PipelineError
+from streaming.settings import PipelineSettings
+
+
+def journal_stream(spark: SparkSession, settings: PipelineSettings, checkpoint: Path) -> DataFrame:
+    """Every node's journal as a stream, capped per micro-batch (see ``ingest.source``)."""
+    return (
+        spark.readStream.format(SOURCE_NAME)
+        .option(OPTION_PATH, str(settings.journal_root))
+        .option(OPTION_MAX_RECORDS, str(settings.max_records_per_batch))
+        .option(OPTION_CHECKPOINT, str(checkpoint))
+        .load()
+    )
+
+
+class DeltaSink:
+    """``foreachBatch`` target: the batch as Arrow into one idempotent Delta writer."""
+
+    def __init__(self, writer: DeltaBatchWriter) -> None:
+        self._writer = writer
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        self._writer.write(batch_id, batch.toArrow())
+
+
+def start_query(
+    rows: DataFrame,
+    *,
+    job: str,
+    sink: Callable[[DataFrame, int], None],
+    checkpoint: Path,
+    settings: PipelineSettings,
+) -> StreamingQuery:
+    query: StreamingQuery = (
+        rows.writeStream.queryName(job)
+        .foreachBatch(sink)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime=f"{settings.trigger_interval_seconds} seconds")
+        .start()
+    )
+    return query
+
+
+def check_checkpoint(checkpoint: Path, writer: DeltaBatchWriter) -> None:
+    """Refuse to start when the table holds batches the checkpoint never planned.
+
+    Spark logs a batch's offsets before running it, so a table's last batch id can never be
+    ahead of the checkpoint's last offsets entry. If it is, the checkpoint was deleted or
+    restored from an older copy: batch ids would restart below the table's and every new
+    batch up to there would be skipped as a "replay", silently losing its rows.
+    """
+    committed = writer.last_batch_id()
+    if committed is None:
+        return
+    planned = _last_planned_batch(checkpoint)
+    if planned is None or planned < committed:
+        raise PipelineError(
+            f"{writer.path} holds batch {committed} of {writer.app_id} but the checkpoint "
+            f"{checkpoint} plans only up to {planned}: the checkpoint was deleted or replaced. "
+            "Restore it, or move the table away to rebuild it from the journal."
+        )
+
+
+def _last_planned_batch(checkpoint: Path) -> int | None:
+    offsets = checkpoint / "offsets"
+    if not offsets.is_dir():
+        return None
+    ids = [int(entry.name) for entry in offsets.iterdir() if entry.name.isdigit()]
+    return max(ids, default=None)
