@@ -419,3 +419,43 @@ def test_v311_isolation_acl_and_logs(make_client, tenant_edge):
     assert json.loads(by_topic["$log/mqtt/acl_denied"])["details"]["topic"] == "fleet/v1/status"
     own.nothing_more()
     spy.nothing_more()  # globex saw none of it
+
+
+def test_unsubscribe_queue_overflow_and_quota_warn_are_logged(make_edge, tenants_file):
+    edge = make_edge(tenants=tenants_file, max_queued_messages=2)
+    watcher = V5(edge.port, "acme-1", "overflow-watcher")
+    try:
+        watcher.subscribe("$log/#")
+        slow = V5(edge.port, "acme-1", "")
+        slow.subscribe("q/#")
+        slow.client.unsubscribe("q/#")
+        assert watcher.events("unsubscribe")["details"]["topic_filters"] == ["q/#"]
+        slow.close()
+        # A persistent session offline with a queue of 2: the third QoS 1 message overflows.
+        sub = mqtt.Client(
+            mqtt.CallbackAPIVersion.VERSION2,
+            client_id="offline",
+            protocol=mqtt.MQTTv311,
+            clean_session=False,
+        )
+        sub.username_pw_set("acme-1")
+        done: queue.Queue[Any] = queue.Queue()
+        sub.on_subscribe = lambda c, u, mid, codes, p: done.put(mid)
+        sub.connect("127.0.0.1", edge.port)
+        sub.loop_start()
+        sub.subscribe("q/#", 1)
+        done.get(timeout=TIMEOUT)
+        sub.disconnect()
+        sub.loop_stop()
+        for i in range(3):
+            watcher.publish("q/x", str(i).encode())
+        overflow = watcher.events("queue_overflow")
+        assert (overflow["client_id"], overflow["details"]["dropped"]) == ("offline", 1)
+        ops = V5(edge.port, "op-token", "ops")
+        decision = {"state": "warn", "metric": "messages_per_day", "limit": 1000, "value": 850}
+        ops.publish("$control/quota/acme", json.dumps(decision).encode(), retain=True)
+        warn = watcher.events("quota_warn")
+        assert warn["details"]["value"] == 850
+        ops.close()
+    finally:
+        watcher.close()
