@@ -447,6 +447,9 @@ def test_unsubscribe_queue_overflow_and_quota_warn_are_logged(make_edge, tenants
         done.get(timeout=TIMEOUT)
         sub.disconnect()
         sub.loop_stop()
+        # Publish only once the edge has seen it go (else the messages are not queued).
+        while watcher.events("disconnect")["client_id"] != "offline":
+            pass
         for i in range(3):
             watcher.publish("q/x", str(i).encode())
         overflow = watcher.events("queue_overflow")
