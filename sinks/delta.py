@@ -63,6 +63,20 @@ class DeltaBatchWriter:
     def app_id(self) -> str:
         return self._app_id
 
+    def _already_committed(self, delta: DeltaTable, batch_id: int) -> bool:
+        """Whether ``batch_id`` of this app is in the table already (a replay: skip it)."""
+        done = delta.transaction_version(self._app_id)
+        if done is not None and done >= batch_id:
+            logger.info(
+                "%s: batch %d of %s already committed (app version %d), skipping replay",
+                self._path,
+                batch_id,
+                self._app_id,
+                done,
+            )
+            return True
+        return False
+
     def last_batch_id(self) -> int | None:
         """The highest batch id committed under ``app_id``, or None (no table, or no commit)."""
         if not _is_table(self._path):
@@ -89,15 +103,7 @@ class DeltaBatchWriter:
             return False
         try:
             delta = self._open_or_create()
-            done = delta.transaction_version(self._app_id)
-            if done is not None and done >= batch_id:
-                logger.info(
-                    "%s: batch %d of %s already committed (app version %d), skipping replay",
-                    self._path,
-                    batch_id,
-                    self._app_id,
-                    done,
-                )
+            if self._already_committed(delta, batch_id):
                 return False
             write_deltalake(
                 delta,

@@ -54,15 +54,7 @@ class DeltaUpsertWriter(DeltaBatchWriter):
         predicate = " AND ".join(f"t.{_quote(name)} = s.{_quote(name)}" for name in key)
         try:
             delta = self._open_or_create()
-            done = delta.transaction_version(self._app_id)
-            if done is not None and done >= batch_id:
-                logger.info(
-                    "%s: batch %d of %s already committed (app version %d), skipping replay",
-                    self._path,
-                    batch_id,
-                    self._app_id,
-                    done,
-                )
+            if self._already_committed(delta, batch_id):
                 return False
             metrics = (
                 delta.merge(
