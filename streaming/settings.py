@@ -23,6 +23,12 @@ class PipelineSettings:
     trigger_interval_seconds: float = 1.0
     shuffle_partitions: int = 4
     driver_memory: str = "2g"
+    # Data quality: every table's great-expectations suite runs this often (0: never).
+    quality_interval_seconds: float = 600.0
+    # Table maintenance: compaction, checkpoint and vacuum run this often (0: never) ...
+    maintenance_interval_seconds: float = 3600.0
+    # ... and vacuum deletes files no version younger than this needs (Delta's default: 7 days).
+    vacuum_retention_hours: float = 168.0
 
     def __post_init__(self) -> None:
         if self.max_records_per_batch < 1:
@@ -37,6 +43,13 @@ class PipelineSettings:
         if self.shuffle_partitions < 1:
             raise PipelineConfigError(
                 f"pipeline.shuffle_partitions: must be >= 1, got {self.shuffle_partitions}"
+            )
+        for key in ("quality_interval_seconds", "maintenance_interval_seconds"):
+            if getattr(self, key) < 0:
+                raise PipelineConfigError(f"pipeline.{key}: must be >= 0, got {getattr(self, key)}")
+        if self.vacuum_retention_hours < 0:
+            raise PipelineConfigError(
+                f"pipeline.vacuum_retention_hours: must be >= 0, got {self.vacuum_retention_hours}"
             )
         if not self.master:
             raise PipelineConfigError("pipeline.master: must not be empty")
