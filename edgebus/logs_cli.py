@@ -9,21 +9,33 @@ partition columns, ``tenant = ...`` and ``date`` bounds derived from ``--since``
 delta-rs opens only the files of the matching partitions (``ts`` bounds then prune more by file
 statistics); ``ORDER BY ... LIMIT`` lets DataFusion keep just the newest rows (a top-k) instead
 of sorting them all. Heavy imports (pyarrow, deltalake) wait until a query runs, so building
-the ``edgebus`` parser stays cheap.
+the ``edgebus`` parser stays cheap. What it shares with ``edgebus usage`` is in
+:mod:`edgebus.lake_command`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
+
+from edgebus import lake_command
+from edgebus.lake_command import (
+    CommandError,
+    has_tenant,
+    iso,
+    open_table,
+    sql_date,
+    sql_string,
+    sql_timestamp,
+)
 
 TABLE = "logs"
 # The name the table is registered under in the query (see LogQuery.sql).
@@ -43,8 +55,6 @@ examples:
   edgebus logs --lake lake --tenant acme --since 2h --event-type connect
   edgebus logs --tenant acme --since 2024-03-10 --until 2024-03-11T06:00Z --format json
 """
-FORMATS = ("table", "json")
-
 # The columns read, in the order of the JSON output.
 COLUMNS = (
     "ts",
@@ -67,14 +77,6 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 # A point in time as given: absolute, or a duration back from the moment the command runs.
 TimeArg = datetime | timedelta
-
-
-class LogsCommandError(Exception):
-    """The command cannot run as asked; the message says why, ``exit_code`` what to return."""
-
-    def __init__(self, message: str, exit_code: int) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 def time_arg(text: str) -> TimeArg:
@@ -104,14 +106,7 @@ def _positive(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--lake",
-        type=Path,
-        default=Path("lake"),
-        metavar="DIR",
-        help="directory of the Delta tables (default ./lake)",
-    )
-    parser.add_argument("--tenant", required=True, metavar="T", help="whose events to show")
+    lake_command.add_lake_arguments(parser, tenant_help="whose events to show")
     parser.add_argument(
         "--since",
         type=time_arg,
@@ -133,26 +128,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help=f"at most N rows (default {DEFAULT_LIMIT})",
     )
-    parser.add_argument(
-        "--format",
-        choices=FORMATS,
-        default="table",
-        help="table (aligned columns, the default) or json (one object per line)",
-    )
+    lake_command.add_format_argument(parser, json_help="one object per line")
 
 
 def add_parser(
     subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
 ) -> argparse.ArgumentParser:
     """Add the ``logs`` command to ``edgebus``'s subcommands; dispatch it to :func:`run`."""
-    parser = subparsers.add_parser(
+    return lake_command.add_command(
+        subparsers,
         "logs",
-        help="show a tenant's log events from the lake, newest first",
+        summary="show a tenant's log events from the lake, newest first",
         description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        add_arguments=add_arguments,
     )
-    add_arguments(parser)
-    return parser
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,32 +159,32 @@ class LogQuery:
     def from_args(cls, args: argparse.Namespace, now: datetime) -> LogQuery:
         since, until = _resolve(args.since, now), _resolve(args.until, now)
         if since is not None and until is not None and since >= until:
-            raise LogsCommandError(
-                f"--since {_iso(since)} is not before --until {_iso(until)}", exit_code=2
+            raise CommandError(
+                f"--since {iso(since)} is not before --until {iso(until)}", exit_code=2
             )
         return cls(args.tenant, since, until, args.event_type, args.client_id, args.limit)
 
     def sql(self) -> str:
         """The DataFusion query over the table registered as :data:`QUERY_TABLE`."""
-        where = [f"tenant = {_string(self.tenant)}"]
+        where = [f"tenant = {sql_string(self.tenant)}"]
         # The partition column bounds: they are what lets delta-rs skip other days' files.
         first_day = self.since.date() if self.since else None
         # --until is exclusive: an until at midnight does not need that day's partition.
         last_day = (self.until - timedelta(microseconds=1)).date() if self.until else None
         if first_day and last_day:
-            where.append(f"date BETWEEN {_date(first_day)} AND {_date(last_day)}")
+            where.append(f"date BETWEEN {sql_date(first_day)} AND {sql_date(last_day)}")
         elif first_day:
-            where.append(f"date >= {_date(first_day)}")
+            where.append(f"date >= {sql_date(first_day)}")
         elif last_day:
-            where.append(f"date <= {_date(last_day)}")
+            where.append(f"date <= {sql_date(last_day)}")
         if self.since:
-            where.append(f"ts >= {_timestamp(self.since)}")
+            where.append(f"ts >= {sql_timestamp(self.since)}")
         if self.until:
-            where.append(f"ts < {_timestamp(self.until)}")
+            where.append(f"ts < {sql_timestamp(self.until)}")
         if self.event_type is not None:
-            where.append(f"event_type = {_string(self.event_type)}")
+            where.append(f"event_type = {sql_string(self.event_type)}")
         if self.client_id is not None:
-            where.append(f"client_id = {_string(self.client_id)}")
+            where.append(f"client_id = {sql_string(self.client_id)}")
         columns = ", ".join(f'"{name}"' for name in COLUMNS)
         # Every value above is a quoted literal or a formatted date/time: no injection.
         return (
@@ -210,51 +199,22 @@ def _resolve(value: TimeArg | None, now: datetime) -> datetime | None:
     return value
 
 
-def _string(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
-
-
-def _date(day: date) -> str:
-    return f"DATE '{day.isoformat()}'"
-
-
-def _timestamp(when: datetime) -> str:
-    return f"TIMESTAMP '{when.astimezone(UTC).strftime('%Y-%m-%dT%H:%M:%S.%fZ')}'"
-
-
-def _iso(when: datetime, timespec: str = "microseconds") -> str:
-    return when.astimezone(UTC).isoformat(timespec=timespec).replace("+00:00", "Z")
-
-
 def query_rows(lake: Path, query: LogQuery) -> list[dict[str, Any]]:
-    """The rows of ``query``, newest first, or :class:`LogsCommandError`."""
-    import pyarrow as pa
-    from deltalake import DeltaTable, QueryBuilder
-    from deltalake.exceptions import DeltaError
-
-    if not lake.is_dir():
-        raise LogsCommandError(f"no lake at {lake}: give --lake DIR (the pipeline's)", exit_code=2)
-    path = lake / TABLE
-    try:
-        if not DeltaTable.is_deltatable(str(path)):
-            raise LogsCommandError(
-                f"no {TABLE} table in {lake} yet: the pipeline creates {path} with the first "
-                "log event it processes",
-                exit_code=0,
-            )
-        delta = DeltaTable(str(path))
-        result = QueryBuilder().register(QUERY_TABLE, delta).execute(query.sql()).read_all()
-        rows: list[dict[str, Any]] = pa.table(result).to_pylist()
-        if not rows and not delta.partitions(
-            file_pruning_predicate=[("tenant", "=", query.tenant)]
-        ):
-            raise LogsCommandError(
-                f"no log events for tenant {query.tenant!r} in {path} "
-                "(an unknown tenant, or none logged yet)",
-                exit_code=0,
-            )
-    except (DeltaError, OSError) as exc:
-        raise LogsCommandError(f"cannot read {path}: {exc}", exit_code=1) from exc
+    """The rows of ``query``, newest first, or :class:`CommandError`."""
+    delta = open_table(lake, TABLE)
+    if delta is None:
+        raise CommandError(
+            f"no {TABLE} table in {lake} yet: the pipeline creates {lake / TABLE} with the "
+            "first log event it processes",
+            exit_code=0,
+        )
+    rows = lake_command.query(delta, QUERY_TABLE, query.sql())
+    if not rows and not has_tenant(delta, query.tenant):
+        raise CommandError(
+            f"no log events for tenant {query.tenant!r} in {lake / TABLE} "
+            "(an unknown tenant, or none logged yet)",
+            exit_code=0,
+        )
     return rows
 
 
@@ -263,27 +223,18 @@ def run(args: argparse.Namespace, *, now: datetime | None = None) -> int:
     try:
         query = LogQuery.from_args(args, now if now is not None else datetime.now(UTC))
         rows = query_rows(args.lake, query)
-    except LogsCommandError as exc:
-        print(f"edgebus logs: {exc}", file=sys.stderr)
-        return exc.exit_code
+    except CommandError as exc:
+        return lake_command.fail("logs", exc)
     if not rows:
         print("edgebus logs: no log events match", file=sys.stderr)
         return 0
-    try:
-        if args.format == "json":
-            write_json(rows, sys.stdout)
-        else:
-            write_table(rows, sys.stdout)
-        sys.stdout.flush()
-        if len(rows) == query.limit:
-            print(
-                f"edgebus logs: the newest {query.limit} shown; older ones may match "
-                "(--limit, --until)",
-                file=sys.stderr,
-            )
-    except BrokenPipeError:
-        # The reader went away (| head): not an error. Keep the exit-time flush quiet too.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    lake_command.write_out(partial(write_json if args.format == "json" else write_table, rows))
+    if len(rows) == query.limit:
+        print(
+            f"edgebus logs: the newest {query.limit} shown; older ones may match "
+            "(--limit, --until)",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -291,7 +242,7 @@ def write_json(rows: Sequence[dict[str, Any]], out: TextIO) -> None:
     """One JSON object per row and line; ``details`` as the object itself."""
     for row in rows:
         doc = {name: row[name] for name in COLUMNS if name not in ("raw", "invalid_reason")}
-        doc["ts"] = _iso(row["ts"])
+        doc["ts"] = iso(row["ts"])
         if row["details"] is not None:
             doc["details"] = json.loads(row["details"])
         if not row["payload_valid"]:
@@ -303,11 +254,7 @@ def write_json(rows: Sequence[dict[str, Any]], out: TextIO) -> None:
 def write_table(rows: Sequence[dict[str, Any]], out: TextIO) -> None:
     """Aligned columns: time, event type, client id, node, details (truncated)."""
     header = ("TIME", "EVENT_TYPE", "CLIENT_ID", "NODE", "DETAILS")
-    lines = [header, *(_table_cells(row) for row in rows)]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
-    for line in lines:
-        cells = [cell.ljust(width) for cell, width in zip(line, widths, strict=False)]
-        out.write("  ".join([*cells, line[-1]]).rstrip() + "\n")
+    lake_command.write_columns([header, *(_table_cells(row) for row in rows)], out)
 
 
 def _table_cells(row: dict[str, Any]) -> tuple[str, str, str, str, str]:
@@ -316,7 +263,7 @@ def _table_cells(row: dict[str, Any]) -> tuple[str, str, str, str, str]:
     else:
         details = f"INVALID ({row['invalid_reason']}): {_raw_text(row['raw'])}"
     return (
-        _iso(row["ts"], "milliseconds"),
+        iso(row["ts"], "milliseconds"),
         row["event_type"] or "-",
         row["client_id"] or "-",
         row["node"],
@@ -334,13 +281,7 @@ def _truncate(text: str, width: int) -> str:
 
 def main(argv: Sequence[str] | None = None, *, now: datetime | None = None) -> int:
     """``python -m edgebus.logs_cli ...``: the same command without the ``edgebus`` front."""
-    parser = argparse.ArgumentParser(
-        prog="edgebus logs",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_arguments(parser)
-    return run(parser.parse_args(argv), now=now)
+    return lake_command.standalone("logs", DESCRIPTION, add_arguments, run, argv, now)
 
 
 if __name__ == "__main__":

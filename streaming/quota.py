@@ -264,15 +264,21 @@ class QuotaStep:
         return set(rows.column("tenant").to_pylist())
 
 
-def load_recorded(path: Path | str) -> Recorded:
-    """The latest ``quota_events`` row of every tenant and metric ({} without a table)."""
+def load_recorded(path: Path | str, where: str | None = None) -> Recorded:
+    """The latest ``quota_events`` row of every tenant and metric ({} without a table).
+
+    ``where``, a SQL condition, limits the rows considered; on the partition columns
+    (``tenant``, ``date``) it also limits the files read (``edgebus usage``).
+    """
     if not table_exists(path):
         return {}
+    condition = f" WHERE {where}" if where else ""
     rows = query_table(
         path,
-        'SELECT tenant, metric, "limit", value, state, decided_at, batch_id FROM ('
+        # Read-only, over one table; the condition is SQL by contract.
+        'SELECT tenant, metric, "limit", value, state, decided_at, batch_id FROM ('  # noqa: S608
         " SELECT *, row_number() OVER (PARTITION BY tenant, metric ORDER BY batch_id DESC)"
-        " AS newest FROM t"
+        f" AS newest FROM t{condition}"
         ") WHERE newest = 1",
     )
     return {(e.tenant, e.metric): e for e in _events(rows.to_pylist())}

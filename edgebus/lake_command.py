@@ -1,0 +1,178 @@
+"""What the commands that read the lake (``edgebus logs``, ``edgebus usage``) share.
+
+Their common arguments (``--lake``, ``--tenant``, ``--format``), how they hook into ``edgebus``
+and run alone, SQL literals, opening a table and querying it through delta-rs
+(``deltalake.QueryBuilder``; never ``DeltaTable.to_pyarrow_*``, which can abort the interpreter
+at exit), the error that carries an exit code, and writing rows as aligned columns.
+
+Heavy imports (pyarrow, deltalake) wait until a query runs, so building the ``edgebus`` parser
+stays cheap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from datetime import UTC, date, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
+
+FORMATS = ("table", "json")
+
+AddArguments = Callable[[argparse.ArgumentParser], None]
+Run = Callable[..., int]
+
+
+class CommandError(Exception):
+    """The command cannot run as asked; the message says why, ``exit_code`` what to return."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def add_lake_arguments(parser: argparse.ArgumentParser, tenant_help: str) -> None:
+    """``--lake DIR`` (default ./lake) and ``--tenant T`` (required)."""
+    parser.add_argument(
+        "--lake",
+        type=Path,
+        default=Path("lake"),
+        metavar="DIR",
+        help="directory of the Delta tables (default ./lake)",
+    )
+    parser.add_argument("--tenant", required=True, metavar="T", help=tenant_help)
+
+
+def add_format_argument(parser: argparse.ArgumentParser, json_help: str) -> None:
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="table",
+        help=f"table (aligned columns, the default) or json ({json_help})",
+    )
+
+
+def add_command(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    *,
+    summary: str,
+    description: str,
+    add_arguments: AddArguments,
+) -> argparse.ArgumentParser:
+    """Add command ``name`` to ``edgebus``'s subcommands."""
+    parser = subparsers.add_parser(
+        name,
+        help=summary,
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(parser)
+    return parser
+
+
+def standalone(
+    name: str,
+    description: str,
+    add_arguments: AddArguments,
+    run: Run,
+    argv: Sequence[str] | None,
+    now: datetime | None,
+) -> int:
+    """``python -m edgebus.{name}_cli ...``: the command without the ``edgebus`` front."""
+    parser = argparse.ArgumentParser(
+        prog=f"edgebus {name}",
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(parser)
+    return run(parser.parse_args(argv), now=now)
+
+
+def sql_string(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def sql_date(day: date) -> str:
+    return f"DATE '{day.isoformat()}'"
+
+
+def sql_timestamp(when: datetime) -> str:
+    return f"TIMESTAMP '{when.astimezone(UTC).strftime('%Y-%m-%dT%H:%M:%S.%fZ')}'"
+
+
+def iso(when: datetime, timespec: str = "microseconds") -> str:
+    """``when`` in UTC as ISO 8601 with a ``Z``."""
+    return when.astimezone(UTC).isoformat(timespec=timespec).replace("+00:00", "Z")
+
+
+def open_table(lake: Path, table: str) -> DeltaTable | None:
+    """``table`` of ``lake``; None when the pipeline has not created it yet.
+
+    A lake directory that is not there is an error (exit 2): a mistyped ``--lake``.
+    """
+    from deltalake import DeltaTable
+    from deltalake.exceptions import DeltaError
+
+    if not lake.is_dir():
+        raise CommandError(f"no lake at {lake}: give --lake DIR (the pipeline's)", exit_code=2)
+    path = lake / table
+    try:
+        if not DeltaTable.is_deltatable(str(path)):
+            return None
+        return DeltaTable(str(path))
+    except (DeltaError, OSError) as exc:
+        raise CommandError(f"cannot read {path}: {exc}", exit_code=1) from exc
+
+
+def query(delta: DeltaTable, name: str, sql: str) -> list[dict[str, Any]]:
+    """The rows of ``sql`` over ``delta`` registered as ``name`` (exit 1 when it fails)."""
+    import pyarrow as pa
+    from deltalake import QueryBuilder
+
+    try:
+        result = QueryBuilder().register(name, delta).execute(sql).read_all()
+        rows: list[dict[str, Any]] = pa.table(result).to_pylist()
+    # DataFusion's errors (a data file missing or corrupt, ...) arrive as plain Exception,
+    # not DeltaError: every failure of the query is "cannot read", not a traceback.
+    except Exception as exc:
+        raise CommandError(f"cannot read {delta.table_uri}: {exc}", exit_code=1) from exc
+    return rows
+
+
+def has_tenant(delta: DeltaTable, tenant: str) -> bool:
+    """Whether ``delta`` (partitioned by tenant) holds any row of ``tenant``."""
+    from deltalake.exceptions import DeltaError
+
+    try:
+        return bool(delta.partitions(file_pruning_predicate=[("tenant", "=", tenant)]))
+    except (DeltaError, OSError) as exc:
+        raise CommandError(f"cannot read {delta.table_uri}: {exc}", exit_code=1) from exc
+
+
+def fail(command: str, exc: CommandError) -> int:
+    print(f"edgebus {command}: {exc}", file=sys.stderr)
+    return exc.exit_code
+
+
+def write_out(write: Callable[[TextIO], None]) -> None:
+    """Run ``write(sys.stdout)``; a reader that went away (``| head``) is not an error."""
+    try:
+        write(sys.stdout)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Keep the exit-time flush quiet too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def write_columns(lines: Sequence[Sequence[str]], out: TextIO) -> None:
+    """A header and rows as aligned columns; the last column (free text) is not padded."""
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]) - 1)]
+    for line in lines:
+        cells = [cell.ljust(width) for cell, width in zip(line, widths, strict=False)]
+        out.write("  ".join([*cells, line[-1]]).rstrip() + "\n")

@@ -1,0 +1,29 @@
+"""Run a command that reads the lake many times in fresh processes, as a user would.
+
+delta-rs can abort the interpreter at exit (``DeltaTable.to_pyarrow_*``; exit 134), and only
+sometimes, so one run proves nothing: every run must exit 0 with nothing on stderr.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Sequence
+
+
+def outputs_of_repeated_runs(command: Sequence[str], runs: int = 20) -> tuple[str, str]:
+    """Run ``command`` ``runs`` times, alternating ``--format table`` and ``--format json``;
+    assert each exits 0 quietly and gives the same output as the others of its format.
+
+    Returns the table output and the JSON output.
+    """
+    outputs: dict[str, set[str]] = {"table": set(), "json": set()}
+    for i in range(runs):
+        fmt = "json" if i % 2 else "table"
+        done = subprocess.run(
+            [*command, "--format", fmt], capture_output=True, text=True, timeout=60, check=False
+        )
+        assert done.returncode == 0, (i, done.returncode, done.stderr[-2000:])
+        assert done.stderr == ""
+        outputs[fmt].add(done.stdout)
+    (table,), (json,) = outputs["table"], outputs["json"]  # the same every time
+    return table, json
