@@ -157,6 +157,8 @@ def _pipeline_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def _pipeline(args: argparse.Namespace) -> int:
     settings = load_pipeline(args.config, _pipeline_overrides(args))
+    # Before anything slow: SIGHUP (`edgebus run` forwards it) must never kill the pipeline.
+    signal.signal(signal.SIGHUP, lambda signum, frame: _reread_tenants(args.tenants))
     if args.tenants is not None:
         from broker_edge.tenants import load as load_tenants
 
@@ -166,15 +168,17 @@ def _pipeline(args: argparse.Namespace) -> int:
             print(f"edgebus: bad tenants file: {exc}", file=sys.stderr)
             return 2
         log.info("tenants file %s: %d tenant(s)", args.tenants, len(tenants.tenants))
-        if args.broker and tenants.operator_token is None:
+        if tenants.operator_token is None:
+            # Without --broker too: the quota step refuses to start without one (a traceback).
             print(
-                f"edgebus: {args.tenants}: --broker needs an [operator] token to publish with",
+                f"edgebus: {args.tenants}: the quota step needs an [operator] token to publish "
+                "its decisions with",
                 file=sys.stderr,
             )
             return 2
         if not args.broker:
             log.warning("no --broker: quota decisions are recorded, not sent to any edge")
-        quota = _quota_settings(args.tenants, tenants.operator_token or "", args.broker)
+        quota = _quota_settings(args.tenants, tenants.operator_token, args.broker)
     else:
         quota = None
     from streaming import pipeline
@@ -189,6 +193,29 @@ def _pipeline(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, _on_signal)
     pipeline.run(settings, once=args.once, stop=stop, quota=quota)
     return 0
+
+
+def _reread_tenants(path: Path | None) -> None:
+    """SIGHUP in the pipeline: read the tenants file at once and say whether it is usable.
+
+    The quota step re-reads the file on every batch anyway, so a good file counts from the next
+    batch; this gives the operator the answer now, as the edge does on SIGHUP.
+    """
+    from broker_edge.tenants import load as load_tenants
+
+    if path is None:
+        log.info("SIGHUP: no tenants file to reload")
+        return
+    try:
+        config = load_tenants(path)
+    except (ConfigError, OSError) as exc:  # raised here, it would stop the pipeline
+        log.warning("SIGHUP: tenants file not reloaded, the quota step keeps the old one: %s", exc)
+        return
+    log.info(
+        "SIGHUP: tenants file %s reloaded (%d tenants), the quota step uses it from its next batch",
+        path,
+        len(config.tenants),
+    )
 
 
 def _quota_settings(path: Path, token: str, brokers: list[tuple[str, int]]) -> Any:
@@ -247,8 +274,14 @@ def _run(args: argparse.Namespace) -> int:
             if child.poll() is None:
                 child.send_signal(signal.SIGTERM)
 
+    def _forward_hup(signum: int, frame: object) -> None:
+        for child in children:  # both reload the tenants file
+            if child.poll() is None:
+                child.send_signal(signal.SIGHUP)
+
     signal.signal(signal.SIGTERM, _forward)
     signal.signal(signal.SIGINT, _forward)
+    signal.signal(signal.SIGHUP, _forward_hup)
     print(
         f"edgebus: edge on {host}:{port}, pipeline writing Delta tables to "
         f"{pipeline_settings.lake} (Ctrl-C stops both)",

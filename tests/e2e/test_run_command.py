@@ -93,3 +93,44 @@ def test_children_stop_when_run_is_killed(tmp_path: Path) -> None:
         ]
         time.sleep(0.2)
     assert alive == [], "edge or pipeline outlived a SIGKILLed `edgebus run`"
+
+
+def test_sighup_reaches_the_edge_and_the_pipeline(tmp_path: Path) -> None:
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text('[operator]\ntoken = "op"\n[tenants.acme]\ntokens = ["acme-1"]\n')
+    log = tmp_path / "run.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "edgebus.cli", "--log-level", "INFO", "run"]
+        + ["--listen", "127.0.0.1:0", "--node-id", "hup", "--tenants", str(tenants)]
+        + ["--data-dir", str(tmp_path / "data"), "--lake", str(tmp_path / "lake")],
+        stdout=subprocess.PIPE,
+        stderr=log.open("wb"),
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+        cwd=tmp_path,
+    )
+
+    def wait_logged(text: bytes) -> None:
+        deadline = time.monotonic() + 120
+        while text not in log.read_bytes():
+            assert proc.poll() is None, log.read_text()[-4000:]
+            assert time.monotonic() < deadline, f"{text!r} not logged"
+            time.sleep(0.1)
+
+    try:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            if raw.decode().startswith("edgebus edge hup listening on"):
+                break
+        wait_logged(b"tenant(s)")  # the pipeline read the file: its SIGHUP handler is set
+        tenants.write_text(tenants.read_text() + '[tenants.b]\ntokens = ["b-1"]\n')
+        proc.send_signal(signal.SIGHUP)
+        reloaded = b": SIGHUP: tenants file " + str(tenants).encode() + b" reloaded (2 tenants)"
+        wait_logged(b"broker_edge.node" + reloaded)  # the edge's logger
+        wait_logged(b"edgebus" + reloaded)  # the pipeline's
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -11,16 +11,22 @@ import pytest
 EDGEBUS = [sys.executable, "-m", "edgebus.cli"]
 
 
+def edgebus(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*EDGEBUS, *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
 @pytest.mark.parametrize("command", ["edge", "pipeline"])
 def test_bad_tenants_file_is_refused(tmp_path: Path, command: str) -> None:
     bad = tmp_path / "tenants.toml"
     bad.write_text("[tenants.acme]\ntokens = []\n")
-    args = [*EDGEBUS, command, "--data-dir", str(tmp_path), "--tenants", str(bad)]
+    args = [command, "--data-dir", str(tmp_path), "--tenants", str(bad)]
     if command == "edge":
         args += ["--listen", "127.0.0.1:0"]
     else:
         args += ["--lake", str(tmp_path / "lake"), "--once"]
-    result = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+    result = edgebus(*args)
     assert result.returncode == 2
     assert "tenants.acme.tokens: must be a non-empty list" in result.stderr
 
@@ -28,12 +34,21 @@ def test_bad_tenants_file_is_refused(tmp_path: Path, command: str) -> None:
 def test_bad_settings_name_the_key(tmp_path: Path) -> None:
     config = tmp_path / "edge.toml"
     config.write_text("[edge]\nport = 'x'\n")
-    result = subprocess.run(
-        [*EDGEBUS, "edge", "--config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = edgebus("edge", "--config", str(config))
     assert result.returncode == 2
     assert "edge.port: must be an integer" in result.stderr
+
+
+@pytest.mark.parametrize("brokers", [[], ["--broker", "127.0.0.1:1883"]])
+def test_pipeline_tenants_without_operator_token_is_refused(
+    tmp_path: Path, brokers: list[str]
+) -> None:
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text('[tenants.acme]\ntokens = ["acme-1"]\n')
+    result = edgebus(
+        *("pipeline", "--data-dir", str(tmp_path), "--lake", str(tmp_path / "lake")),
+        *("--tenants", str(tenants), "--once", *brokers),
+    )
+    assert result.returncode == 2
+    assert "the quota step needs an [operator] token" in result.stderr
+    assert "Traceback" not in result.stderr
