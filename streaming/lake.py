@@ -127,4 +127,9 @@ def load(
 ) -> DataFrame:
     """:func:`load_arrow` as a Spark DataFrame with the table's Spark schema."""
     rows = load_arrow(lake, table, version=version, timestamp=timestamp, where=where)
-    return spark.createDataFrame(rows, schema=from_arrow_schema(rows.schema))
+    schema = from_arrow_schema(rows.schema)
+    if rows.num_rows == 0:
+        # No rows can mean no chunks (version 0, a filter that matches nothing), and pyspark
+        # cannot convert a nested column (messages.user_properties) without chunks.
+        return spark.createDataFrame([], schema=schema)
+    return spark.createDataFrame(rows, schema=schema)

@@ -12,7 +12,12 @@ from pyspark.sql import SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from schemas.journal import JOURNAL_SCHEMA
-from schemas.tables import LOGS_PARTITION_BY, LOGS_SCHEMA
+from schemas.tables import (
+    LOGS_PARTITION_BY,
+    LOGS_SCHEMA,
+    MESSAGES_PARTITION_BY,
+    MESSAGES_SCHEMA,
+)
 from sinks.delta import DeltaBatchWriter
 from streaming import lake, logs
 
@@ -81,3 +86,18 @@ def test_an_empty_result_keeps_the_schema(spark: SparkSession, tmp_path: Path) -
     df = lake.load(spark, tmp_path, "logs", where="tenant = 'nobody'")
     assert df.count() == 0
     assert df.schema == from_arrow_schema(LOGS_SCHEMA)
+
+
+def test_an_empty_version_with_nested_columns(spark: SparkSession, tmp_path: Path) -> None:
+    # messages.user_properties is a list of structs; version 0 (the new table) has no files.
+    writer = DeltaBatchWriter(tmp_path / "messages", "test", MESSAGES_SCHEMA, MESSAGES_PARTITION_BY)
+    row = {"node": "e", "seq": 1, "ts": MIDNIGHT, "date": MIDNIGHT.date(), "tenant": "t"}
+    row |= {"client_id": "c", "topic": "a/b", "qos": 1, "retain": False, "payload": b"{}"}
+    row |= {"content_type": None, "user_properties": [{"key": "k", "value": "v"}], "size": 2}
+    writer.write(0, pa.Table.from_pylist([row], schema=MESSAGES_SCHEMA))
+    empty = lake.load(spark, tmp_path, "messages", version=0)
+    assert empty.count() == 0
+    assert empty.schema == from_arrow_schema(MESSAGES_SCHEMA)
+    assert lake.load(spark, tmp_path, "messages", where="tenant = 'nobody'").count() == 0
+    [loaded] = lake.load(spark, tmp_path, "messages").collect()
+    assert loaded.user_properties[0].asDict() == {"key": "k", "value": "v"}
