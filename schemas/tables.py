@@ -11,8 +11,14 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from schemas.journal import USER_PROPERTY
+from schemas.journal import JOURNAL_SCHEMA, USER_PROPERTY
+from schemas.quality import (
+    QUALITY_RESULTS_PARTITION_BY,
+    QUALITY_RESULTS_SCHEMA,
+    QUALITY_RESULTS_TABLE,
+)
 from schemas.usage import (
     QUOTA_EVENTS_PARTITION_BY,
     QUOTA_EVENTS_SCHEMA,
@@ -50,8 +56,8 @@ MESSAGES_PARTITION_BY: tuple[str, ...] = ("tenant", "date")
 # Rows whose payload breaks the LOG_EVENT_SCHEMA contract are kept, never dropped:
 # ``payload_valid`` is false, ``invalid_reason`` names the first failed rule and ``raw`` holds
 # the payload as published (null on valid rows); the fields that did parse are filled in, and
-# ``origin``/``event_type`` fall back to the topic's levels. A quarantine table fed from these
-# rows comes later; until then ``payload_valid = false`` is the quarantine.
+# ``origin``/``event_type`` fall back to the topic's levels. Such rows are also copied to
+# ``quarantine`` (below).
 LOGS_SCHEMA = pa.schema(
     [
         pa.field("node", pa.string(), nullable=False),
@@ -74,6 +80,31 @@ LOGS_SCHEMA = pa.schema(
 LOGS_PARTITION_BY: tuple[str, ...] = ("tenant", "date")
 
 
+# One row per journal record that broke a data contract (schemas.contracts, or the payload
+# contract of a reserved topic), kept raw: every journal column as it was, plus the UTC ``date``
+# of ``ts``, the ``table`` the record was meant for, the ``rule`` it broke (a rule's name) and a
+# ``reason`` a person can act on. Unique on ``(node, seq, table)``. A record without a tenant is
+# filed under NO_TENANT: Delta (Hive-style partitions) cannot tell an empty partition value
+# from null, and the partition column is not nullable; its rule says the tenant was empty. A log
+# event that breaks its payload contract is also kept in ``logs`` (``payload_valid = false``):
+# log retrieval must show that the event happened; other tables get only records that keep
+# every rule.
+_QUARANTINE_ADDED = {
+    "ts": [pa.field("date", pa.date32(), nullable=False)],
+    "tenant": [
+        pa.field("table", pa.string(), nullable=False),
+        pa.field("rule", pa.string(), nullable=False),
+        pa.field("reason", pa.string(), nullable=False),
+    ],
+}
+QUARANTINE_SCHEMA = pa.schema(
+    [added for field in JOURNAL_SCHEMA for added in [field, *_QUARANTINE_ADDED.get(field.name, [])]]
+)
+
+QUARANTINE_PARTITION_BY: tuple[str, ...] = ("tenant", "date")
+NO_TENANT = "$none"
+
+
 @dataclass(frozen=True, slots=True)
 class TableSpec:
     """How one Delta table of the lake is laid out."""
@@ -90,5 +121,15 @@ TABLES: Mapping[str, TableSpec] = MappingProxyType(
         "logs": TableSpec(LOGS_SCHEMA, LOGS_PARTITION_BY),
         "usage": TableSpec(USAGE_SCHEMA, USAGE_PARTITION_BY),
         "quota_events": TableSpec(QUOTA_EVENTS_SCHEMA, QUOTA_EVENTS_PARTITION_BY),
+        QUALITY_RESULTS_TABLE: TableSpec(QUALITY_RESULTS_SCHEMA, QUALITY_RESULTS_PARTITION_BY),
+        "quarantine": TableSpec(QUARANTINE_SCHEMA, QUARANTINE_PARTITION_BY),
     }
 )
+
+
+def utc_date(ts: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """The UTC date of each timestamp: every table's ``date`` partition column.
+
+    Cast from the UTC type explicitly: Arrow takes a zoned timestamp's date in its own zone.
+    """
+    return pc.cast(pc.cast(ts, pa.timestamp("us", tz="UTC")), pa.date32())

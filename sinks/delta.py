@@ -147,11 +147,12 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     Engines hand over equivalent but different Arrow types (Spark: large strings, the session
     time zone, nullable nested fields); values are cast, never dropped or invented.
 
-    Every column is also copied into one fresh array. Spark's (Java) Arrow writer gives
-    zero-length string/binary arrays, e.g. the keys under a batch of empty lists or an empty
-    partition's chunk, an empty offsets buffer instead of one zero offset; delta-rs (arrow-rs)
-    then reads past the buffer and panics. pyarrow's concatenation rebuilds proper offsets at
-    every nesting level; the copy costs little next to collecting and encoding the batch.
+    A column with an empty buffer anywhere is also copied into one fresh array. Spark's
+    (Java) Arrow writer gives zero-length string/binary arrays, e.g. the keys under a batch of
+    empty lists or an empty partition's chunk, an empty offsets buffer instead of one zero
+    offset; delta-rs (arrow-rs) then reads past the buffer and panics. pyarrow's concatenation
+    rebuilds proper offsets at every nesting level. Columns without an empty buffer are not
+    copied: at 100,000 rows a second the copy of every payload would cost a tenth of the time.
     """
     missing = [name for name in schema.names if name not in table.column_names]
     extra = [name for name in table.column_names if name not in schema.names]
@@ -168,8 +169,16 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
             raise SinkSchemaError(
                 f"column {field.name!r}: cannot cast {column.type} to {field.type}: {exc}"
             ) from exc
-        columns.append(pa.concat_arrays(cast.chunks) if cast.num_chunks else cast)
+        if any(_has_empty_buffer(chunk) for chunk in cast.chunks):
+            cast = pa.chunked_array([pa.concat_arrays(cast.chunks)], field.type)
+        columns.append(cast)
     return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _has_empty_buffer(array: pa.Array) -> bool:
+    """Whether any buffer of ``array`` (children included) is allocated with zero bytes; a
+    sound offsets buffer never is (it holds at least one offset)."""
+    return any(buffer is not None and buffer.size == 0 for buffer in array.buffers())
 
 
 def read_table(
@@ -178,12 +187,14 @@ def read_table(
     columns: Sequence[str] | None = None,
     *,
     schema: pa.Schema | None = None,
+    limit: int | None = None,
 ) -> pa.Table:
     """Rows of the Delta table at ``path`` (in no particular order), as one Arrow table.
 
     ``sql_where`` is a DataFusion SQL condition (``"tenant = 'acme' AND seq > 10"``);
     ``columns`` selects and orders columns. The result has the table's own Arrow types, or
-    ``schema``'s when given (its fields for the selected columns).
+    ``schema``'s when given (its fields for the selected columns). ``limit`` caps the rows read
+    (which ones is up to the engine).
     """
     target = str(path)
     if not _is_table(target):
@@ -199,6 +210,8 @@ def read_table(
         sql = f"SELECT {', '.join(_quote(n) for n in names)} FROM {_QUERY_TABLE}"  # noqa: S608
         if sql_where:
             sql += f" WHERE {sql_where}"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
         result = QueryBuilder().register(_QUERY_TABLE, delta).execute(sql).read_all()
     except (DeltaError, OSError) as exc:
         raise DeltaSinkError(f"{target}: query failed: {exc}") from exc

@@ -1,54 +1,46 @@
-"""The history job: every publish on a tenant's own topics, into the Delta ``messages`` table.
+"""The history step: every publish on a tenant's own topics, into the Delta ``messages`` table.
 
-Theory of operation: the ``edgebus`` source replays journal ranges by offset; ``transform``
-keeps the tenants' own traffic (topics starting with ``$`` are log, counter and control
-traffic and go to their own tables), derives ``date`` and ``size``, and casts to the table's
-schema. Each micro-batch is collected to Arrow on the driver and appended by a
-:class:`DeltaBatchWriter`, which commits the batch id as a Delta app transaction in the same
-commit as the rows: a batch replayed after a crash is recognised and skipped.
+Theory of operation: the pipeline's one journal query (``streaming.pipeline``) collects each
+micro-batch as Arrow once and hands every step the records meant for it. This step keeps the
+tenants' own traffic (topics starting with ``$`` are log, counter and control traffic and go to
+their own tables), applies the message contract (``schemas.contracts.MESSAGE_RULES``), derives
+``date`` and ``size`` and appends the rows through a :class:`DeltaBatchWriter`, which commits
+the batch id as a Delta app transaction in the same commit as the rows: a batch replayed after
+a crash is recognised and skipped. Records that break the contract are returned for
+``quarantine``.
 """
 
 from __future__ import annotations
 
-import logging
+import pyarrow as pa
+import pyarrow.compute as pc
 
-from pyspark.sql import Column, DataFrame, SparkSession
-from pyspark.sql import functions as F  # noqa: N812 (the idiomatic Spark alias)
-from pyspark.sql.pandas.types import from_arrow_schema
-from pyspark.sql.streaming.query import StreamingQuery
-
-from schemas.tables import MESSAGES_PARTITION_BY, MESSAGES_SCHEMA
+from schemas.contracts import MESSAGE_RULES, first_broken, rows_where
+from schemas.tables import MESSAGES_PARTITION_BY, MESSAGES_SCHEMA, utc_date
 from sinks.delta import DeltaBatchWriter
-from streaming.job import DeltaSink, check_checkpoint, journal_stream, start_query
+from sinks.quarantine import quarantine_rows
 from streaming.settings import PipelineSettings
 
-logger = logging.getLogger(__name__)
-
-JOB = "history"
 TABLE = "messages"
-# The Delta app id of this job's commits. Stable across restarts from the same checkpoint.
+# The Delta app id of this step's commits. Stable across restarts from the same checkpoint.
 APP_ID = "edgebus.history"
 
-# Spark types of the table, derived from the one Arrow definition in schemas.tables.
-MESSAGES_SPARK_SCHEMA = from_arrow_schema(MESSAGES_SCHEMA)
 
-_SECONDS_PER_DAY = 86_400
+def accepts(topics: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    """True for the records this step takes: every topic not starting with ``$``."""
+    return pc.invert(pc.starts_with(topics, "$"))
 
 
-def transform(df: DataFrame) -> DataFrame:
+def transform(records: pa.Table) -> pa.Table:
     """Journal rows (``JOURNAL_SCHEMA``) to ``messages`` rows, in table order and types."""
-    # date from epoch seconds, not to_date(ts): to_date uses the session time zone, and
-    # partitions must be UTC days whatever the session says.
-    utc_day = F.floor(F.unix_seconds(F.col("ts")) / _SECONDS_PER_DAY).cast("int")
-    derived: dict[str, Column] = {
-        "date": F.date_from_unix_date(utc_day),
-        "size": F.length(F.col("payload")),
+    derived = {
+        "date": utc_date(records.column("ts")),
+        "size": pc.cast(pc.binary_length(records.column("payload")), pa.int32()),
     }
     columns = [
-        derived.get(field.name, F.col(field.name)).cast(field.dataType).alias(field.name)
-        for field in MESSAGES_SPARK_SCHEMA.fields
+        derived[name] if name in derived else records.column(name) for name in MESSAGES_SCHEMA.names
     ]
-    return df.where(~F.col("topic").startswith("$")).select(*columns)
+    return pa.Table.from_arrays(columns, schema=MESSAGES_SCHEMA)
 
 
 def messages_writer(settings: PipelineSettings) -> DeltaBatchWriter:
@@ -57,14 +49,23 @@ def messages_writer(settings: PipelineSettings) -> DeltaBatchWriter:
     )
 
 
-def start(spark: SparkSession, settings: PipelineSettings) -> StreamingQuery:
-    """Start the history query on ``spark``; it runs until stopped."""
-    checkpoint = settings.checkpoint_path(JOB)
-    writer = messages_writer(settings)
-    check_checkpoint(checkpoint, writer)
-    rows = transform(journal_stream(spark, settings, checkpoint))
-    query = start_query(
-        rows, job=JOB, sink=DeltaSink(writer), checkpoint=checkpoint, settings=settings
-    )
-    logger.info("started %s: %s -> %s", JOB, settings.journal_root, writer.path)
-    return query
+class HistoryStep:
+    """Appends a micro-batch's device publishes to ``messages``, exactly once per batch id."""
+
+    table = TABLE
+
+    def __init__(self, settings: PipelineSettings) -> None:
+        self.writer = messages_writer(settings)
+        self.writers: tuple[DeltaBatchWriter, ...] = (self.writer,)
+
+    accepts = staticmethod(accepts)
+
+    def __call__(self, batch_id: int, records: pa.Table) -> pa.Table:
+        """Write ``records`` (all accepted); the ones that broke the contract, as quarantine."""
+        rules, reasons = first_broken(records, MESSAGE_RULES)
+        kept = pc.is_null(rules)
+        self.writer.write(batch_id, transform(rows_where(records, kept)))
+        broken = pc.invert(kept)
+        return quarantine_rows(
+            rows_where(records, broken), TABLE, rules.filter(broken), reasons.filter(broken)
+        )

@@ -1,5 +1,5 @@
-"""What every journal-to-Delta job shares: the journal stream, the Delta batch sink, starting
-the query, and the checkpoint check that keeps batch ids from restarting below the table's."""
+"""The journal query's parts: the journal stream, starting the query, and the checkpoint check
+that keeps batch ids from restarting below a table's."""
 
 from __future__ import annotations
 
@@ -24,16 +24,6 @@ def journal_stream(spark: SparkSession, settings: PipelineSettings, checkpoint: 
         .option(OPTION_CHECKPOINT, str(checkpoint))
         .load()
     )
-
-
-class DeltaSink:
-    """``foreachBatch`` target: the batch as Arrow into one idempotent Delta writer."""
-
-    def __init__(self, writer: DeltaBatchWriter) -> None:
-        self._writer = writer
-
-    def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        self._writer.write(batch_id, batch.toArrow())
 
 
 def start_query(

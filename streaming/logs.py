@@ -1,141 +1,160 @@
-"""The logs job: every log event publish (``$log/{origin}/{event}``), into the Delta ``logs`` table.
+"""The logs step: every log event publish (``$log/{origin}/{event}``), into the ``logs`` table.
 
-Theory of operation: the ``edgebus`` source replays journal ranges by offset, exactly as for the
-history job (each job has its own checkpoint and Delta app id). ``transform`` keeps the records
-on log topics and parses each payload with ``from_json`` against ``LOG_EVENT_SCHEMA``. The row's
-identity, time, date and tenant come from the journal record, never from the payload: a
-payload cannot move a row to another tenant's or day's partition. A payload that breaks the
-contract is kept with ``payload_valid = false``, the first rule it failed and its raw bytes
-(ARCHITECTURE rule 5); whatever did parse is filled in, and ``origin``/``event_type`` fall back
-to the topic's levels. Micro-batches go to an idempotent :class:`DeltaBatchWriter` as in
-:mod:`streaming.history`, so a replayed batch is skipped.
+Theory of operation: the pipeline's journal query hands this step the records on log topics of
+each micro-batch (see ``streaming.pipeline``). ``transform`` parses each payload against
+``LOG_EVENT_SCHEMA`` (orjson; log events are a small share of the traffic). The row's identity,
+time, date and tenant come from the journal record, never from the payload: a payload cannot
+move a row to another tenant's or day's partition. A payload that breaks the contract is kept
+with ``payload_valid = false``, the first rule it failed and its raw bytes (ARCHITECTURE rule
+5), and is also returned for ``quarantine``; whatever did parse is filled in, and
+``origin``/``event_type`` fall back to the topic's levels. Rows go to an idempotent
+:class:`DeltaBatchWriter` as in :mod:`streaming.history`, so a replayed batch is skipped.
 """
 
 from __future__ import annotations
 
-import logging
+from typing import Any
 
-from pyspark.sql import Column, DataFrame, SparkSession
-from pyspark.sql import functions as F  # noqa: N812 (the idiomatic Spark alias)
-from pyspark.sql.pandas.types import from_arrow_schema
-from pyspark.sql.streaming.query import StreamingQuery
-from pyspark.sql.types import MapType, StringType, StructField, StructType
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from schemas.payloads import LOG_EVENT_SCHEMA, LOG_TOPIC_PREFIX
-from schemas.tables import LOGS_PARTITION_BY, LOGS_SCHEMA
+from schemas.tables import LOGS_PARTITION_BY, LOGS_SCHEMA, utc_date
 from sinks.delta import DeltaBatchWriter
-from streaming.job import DeltaSink, check_checkpoint, journal_stream, start_query
+from sinks.quarantine import quarantine_rows
 from streaming.settings import PipelineSettings
 
-logger = logging.getLogger(__name__)
-
-JOB = "logs"
 TABLE = "logs"
-# The Delta app id of this job's commits. Stable across restarts from the same checkpoint.
+# The Delta app id of this step's commits. Stable across restarts from the same checkpoint.
 APP_ID = "edgebus.logs"
-
-# Spark types of the table and of the payload, derived from the Arrow definitions in schemas.
-LOGS_SPARK_SCHEMA = from_arrow_schema(LOGS_SCHEMA)
-LOG_EVENT_SPARK_SCHEMA = from_arrow_schema(LOG_EVENT_SCHEMA)
+# The rule name quarantined log events carry; the reason says which part of it broke.
+RULE = "log_event"
 
 # Fields whose absence makes a payload invalid, in the order the first missing one is reported.
 # ``details`` is checked separately: it must be an object, not any JSON value.
 REQUIRED_FIELDS = ("time", "ts_us", "node", "tenant", "client_id", "origin", "event")
 
-# Not a second schema of the payload but a check: parsing ``details`` as a map succeeds only
-# for a JSON object. The string parse in LOG_EVENT_SCHEMA gives an object's JSON text, but it
-# also gives a plain string's contents, so it cannot tell ``{"a":1}`` from ``"{\"a\":1}"``.
-_DETAILS_AS_MAP = StructType([StructField("details", MapType(StringType(), StringType()))])
+# The Python type each payload field must have (bool is an int to Python, not to JSON).
+_TYPES: dict[str, type] = {
+    field.name: int if pa.types.is_integer(field.type) else str
+    for field in LOG_EVENT_SCHEMA
+    if field.name != "details"
+}
 
-_SECONDS_PER_DAY = 86_400
+# The columns transform parses out of the payload, in the table's order.
+_PARSED = ("origin", "event_type", "client_id", "details", "time", "payload_valid")
 
 
-def transform(df: DataFrame) -> DataFrame:
-    """Journal rows (``JOURNAL_SCHEMA``) on ``$log/`` topics to ``logs`` rows, in table order."""
-    text = F.col("payload").cast("string")
-    # Parse once here; the select below reads the results many times. Spark does not merge
-    # the two projections, because that would repeat the (not cheap) JSON parses.
-    parsed = df.where(F.col("topic").startswith(LOG_TOPIC_PREFIX)).select(
-        "*",
-        F.from_json(text, LOG_EVENT_SPARK_SCHEMA).alias("_event"),
-        # json_object_keys is null for anything but a JSON object (bad JSON, arrays, scalars).
-        F.json_object_keys(text).isNotNull().alias("_is_object"),
-        F.from_json(text, _DETAILS_AS_MAP)["details"].isNotNull().alias("_details_is_object"),
-    )
-    event = F.col("_event")
-    levels = F.split(F.col("topic"), "/")
-    origin = F.coalesce(event["origin"], F.get(levels, 1))
-    event_type = F.coalesce(event["event"], F.get(levels, 2))
-    reason = invalid_reason(event)
-    # date from epoch seconds, not to_date(ts): partitions are UTC days whatever the session
-    # time zone says (as in the history job).
-    utc_day = F.floor(F.unix_seconds(F.col("ts")) / _SECONDS_PER_DAY).cast("int")
-    derived: dict[str, Column] = {
-        "date": F.date_from_unix_date(utc_day),
-        "origin": origin,
-        "event_type": event_type,
+def accepts(topics: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    """True for the records this step takes: topics under ``$log/``."""
+    return pc.starts_with(topics, LOG_TOPIC_PREFIX)
+
+
+def parse(topic: str, tenant: str, payload: bytes) -> dict[str, Any]:
+    """One log event payload to the parsed columns of its ``logs`` row, ``invalid_reason``
+    included (None when the payload keeps every rule)."""
+    doc = _object(payload)
+    event: dict[str, Any] = {}
+    for name, kind in _TYPES.items():
+        value = doc.get(name) if doc is not None else None
+        valid = isinstance(value, kind) and not isinstance(value, bool)
+        event[name] = value if valid else None
+    details = doc.get("details") if doc is not None else None
+    levels = topic.split("/")
+    return {
+        "origin": event["origin"] if event["origin"] is not None else _level(levels, 1),
+        "event_type": event["event"] if event["event"] is not None else _level(levels, 2),
         "client_id": event["client_id"],
-        "details": F.when(F.col("_details_is_object"), event["details"]),
+        "details": _compact(details) if isinstance(details, dict) else None,
         "time": event["time"],
-        "payload_valid": reason.isNull(),
-        "invalid_reason": reason,
-        "raw": F.when(reason.isNotNull(), F.col("payload")),
+        "invalid_reason": _invalid_reason(doc, event, details, topic, tenant),
     }
+
+
+def _invalid_reason(
+    doc: dict[str, Any] | None, event: dict[str, Any], details: object, topic: str, tenant: str
+) -> str | None:
+    """The first contract rule the payload breaks, or None when it keeps them all."""
+    if doc is None:
+        return "payload is not a JSON object"
+    for name in REQUIRED_FIELDS:
+        if event[name] is None:
+            return f"field {name!r} is missing, null or of the wrong type"
+    if not isinstance(details, dict):
+        return "field 'details' is not a JSON object"
+    # Tenants are isolated by construction: the namespace decides, a payload cannot.
+    if event["tenant"] != tenant:
+        claimed = event["tenant"]
+        return f"field 'tenant' is '{claimed}' but the event was published in tenant '{tenant}'"
+    if topic != f"{LOG_TOPIC_PREFIX}{event['origin']}/{event['event']}":
+        return f"topic {topic} does not match origin {event['origin']} and event {event['event']}"
+    return None
+
+
+def transform(records: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """Journal rows on log topics to ``logs`` rows (table order and types), and the records
+    whose payload broke the contract as ``quarantine`` rows."""
+    parsed = [
+        parse(topic, tenant, payload)
+        for topic, tenant, payload in zip(
+            records.column("topic").to_pylist(),
+            records.column("tenant").to_pylist(),
+            records.column("payload").to_pylist(),
+            strict=True,
+        )
+    ]
+    reasons = pa.array([row["invalid_reason"] for row in parsed], pa.string())
+    valid = pc.is_null(reasons)
+    derived: dict[str, pa.Array | pa.ChunkedArray] = {
+        "date": utc_date(records.column("ts")),
+        "payload_valid": valid,
+        "invalid_reason": reasons,
+        "raw": pc.if_else(valid, pa.scalar(None, pa.binary()), records.column("payload")),
+    }
+    for name in _PARSED:
+        if name not in derived:
+            derived[name] = pa.array([row[name] for row in parsed], LOGS_SCHEMA.field(name).type)
     columns = [
-        derived.get(field.name, F.col(field.name)).cast(field.dataType).alias(field.name)
-        for field in LOGS_SPARK_SCHEMA.fields
+        derived[name] if name in derived else records.column(name) for name in LOGS_SCHEMA.names
     ]
-    return parsed.select(*columns)
-
-
-def invalid_reason(event: Column) -> Column:
-    """The first contract rule the parsed payload breaks, or null when it keeps them all."""
-    rules: list[tuple[Column, Column]] = [
-        (~F.col("_is_object"), F.lit("payload is not a JSON object")),
-        *(
-            (event[name].isNull(), F.lit(f"field {name!r} is missing, null or of the wrong type"))
-            for name in REQUIRED_FIELDS
-        ),
-        (~F.col("_details_is_object"), F.lit("field 'details' is not a JSON object")),
-        # Tenants are isolated by construction: the namespace decides, a payload cannot.
-        (
-            event["tenant"] != F.col("tenant"),
-            F.format_string(
-                "field 'tenant' is '%s' but the event was published in tenant '%s'",
-                event["tenant"],
-                F.col("tenant"),
-            ),
-        ),
-        (
-            F.col("topic")
-            != F.concat(F.lit(LOG_TOPIC_PREFIX), event["origin"], F.lit("/"), event["event"]),
-            F.format_string(
-                "topic %s does not match origin %s and event %s",
-                F.col("topic"),
-                event["origin"],
-                event["event"],
-            ),
-        ),
-    ]
-    first, *rest = rules
-    reason = F.when(*first)
-    for condition, message in rest:
-        reason = reason.when(condition, message)
-    return reason
+    rows = pa.Table.from_arrays(columns, schema=LOGS_SCHEMA)
+    broken = pc.invert(valid)
+    return rows, quarantine_rows(records.filter(broken), TABLE, RULE, reasons.filter(broken))
 
 
 def logs_writer(settings: PipelineSettings) -> DeltaBatchWriter:
     return DeltaBatchWriter(settings.table_path(TABLE), APP_ID, LOGS_SCHEMA, LOGS_PARTITION_BY)
 
 
-def start(spark: SparkSession, settings: PipelineSettings) -> StreamingQuery:
-    """Start the logs query on ``spark``; it runs until stopped."""
-    checkpoint = settings.checkpoint_path(JOB)
-    writer = logs_writer(settings)
-    check_checkpoint(checkpoint, writer)
-    rows = transform(journal_stream(spark, settings, checkpoint))
-    query = start_query(
-        rows, job=JOB, sink=DeltaSink(writer), checkpoint=checkpoint, settings=settings
-    )
-    logger.info("started %s: %s -> %s", JOB, settings.journal_root, writer.path)
-    return query
+class LogsStep:
+    """Appends a micro-batch's log events to ``logs``, exactly once per batch id."""
+
+    table = TABLE
+
+    def __init__(self, settings: PipelineSettings) -> None:
+        self.writer = logs_writer(settings)
+        self.writers: tuple[DeltaBatchWriter, ...] = (self.writer,)
+
+    accepts = staticmethod(accepts)
+
+    def __call__(self, batch_id: int, records: pa.Table) -> pa.Table:
+        rows, quarantined = transform(records)
+        self.writer.write(batch_id, rows)
+        return quarantined
+
+
+def _object(payload: bytes) -> dict[str, Any] | None:
+    try:
+        doc = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _level(levels: list[str], index: int) -> str | None:
+    return levels[index] if index < len(levels) else None
+
+
+def _compact(value: dict[str, Any]) -> str:
+    return orjson.dumps(value).decode()

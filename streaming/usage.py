@@ -1,12 +1,12 @@
-"""The usage job: the edges' ``$counters/{metric}`` records into the Delta ``usage`` table, then
+"""The usage step: the edges' ``$counters/{metric}`` records into the Delta ``usage`` table, then
 (when configured) the quota step of :mod:`streaming.quota` after every batch.
 
 Theory of operation
 -------------------
 Every edge publishes, per tenant and metric, one counter record per counter interval (default
 10 s); they are journaled like any publish. ``transform`` keeps those records, parses their
-JSON payload and assigns it its one-minute window; ``partials`` reduces each micro-batch (a
-static DataFrame: no streaming state) to one row per tenant, metric, window and node: a
+JSON payload and assigns it its one-minute window; ``partials`` reduces each micro-batch (no
+streaming state) to one row per tenant, metric, window and node: a
 counter's deltas summed, a gauge's value reported last. A counter interval belongs
 to the window its ``interval_end`` falls in (the moment it was reported).
 
@@ -31,8 +31,8 @@ rows it updates (the tenant's current day); compact the table periodically.
 Spark's own streaming aggregation was rejected too: it needs a watermark to bound its state,
 and a watermark drops the counters of a node whose journal is read late.
 
-Counter records whose payload does not parse, or lacks a field, are left out for now; they
-belong in the quarantine table once its writer exists.
+Counter records whose topic or payload breaks the counter contract (:func:`parse`) go to
+``quarantine`` with the reason.
 """
 
 from __future__ import annotations
@@ -40,29 +40,24 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from datetime import date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+import orjson
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F  # noqa: N812 (the idiomatic Spark alias)
-from pyspark.sql.pandas.types import from_arrow_schema
-from pyspark.sql.streaming.query import StreamingQuery
+import pyarrow.compute as pc
 
-from ingest.source import OPTION_CHECKPOINT, OPTION_MAX_RECORDS, OPTION_PATH, SOURCE_NAME
 from schemas.usage import (
     COUNTER_KINDS,
-    COUNTER_PAYLOAD_SCHEMA,
     COUNTERS_TOPIC_PREFIX,
     USAGE_KEY,
     USAGE_PARTIAL_SCHEMA,
     USAGE_PARTITION_BY,
     USAGE_SCHEMA,
 )
-from sinks.delta import conform, read_table
+from sinks.delta import DeltaBatchWriter, conform, read_table
+from sinks.quarantine import quarantine_rows
 from sinks.upsert import DeltaUpsertWriter, query_table, sql_string, table_exists
-from streaming.job import check_checkpoint
 from streaming.quota_settings import QuotaSettings
 from streaming.settings import PipelineSettings
 
@@ -71,16 +66,14 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-JOB = "usage"
 TABLE = "usage"
 APP_ID = "edgebus.usage"
+# The rule name quarantined counter records carry; the reason says which part of it broke.
+RULE = "counter_record"
 
 WINDOW = timedelta(minutes=1)
 _WINDOW_US = 60_000_000
-_US_PER_DAY = 86_400_000_000
-
-COUNTER_SPARK_SCHEMA = from_arrow_schema(COUNTER_PAYLOAD_SCHEMA)
-PARTIAL_SPARK_SCHEMA = from_arrow_schema(USAGE_PARTIAL_SCHEMA)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 GroupKey = tuple[str, str, date]
 """(tenant, metric, date): one day of one metric of one tenant."""
@@ -88,62 +81,126 @@ WindowKey = tuple[str, str, date, datetime]
 Row = dict[str, Any]
 
 
-def transform(df: DataFrame) -> DataFrame:
-    """Journal rows to parsed counter records, one per valid ``$counters/{metric}`` record.
+def accepts(topics: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    """True for the records this step takes: topics under ``$counters/``."""
+    return pc.starts_with(topics, COUNTERS_TOPIC_PREFIX)
 
-    Row by row, so it runs on the stream; :func:`partials` reduces each micro-batch.
+
+def parse(topic: str, payload: bytes) -> tuple[dict[str, Any] | None, str | None]:
+    """One ``$counters/{metric}`` payload to its parsed fields, or None and the rule it broke.
+
+    The tenant and node come from the journal record, not the payload: the edge wrote those.
     """
-    doc = F.from_json(F.col("payload").cast("string"), COUNTER_SPARK_SCHEMA)
-    records = df.where(F.col("topic").startswith(COUNTERS_TOPIC_PREFIX)).select(
-        # The journal's tenant and node columns, not the payload's: the edge wrote those.
-        "tenant",
-        "node",
-        "seq",
-        F.expr(f"substr(topic, {len(COUNTERS_TOPIC_PREFIX) + 1})").alias("metric"),
-        doc.alias("c"),
-    )
-    end_us = F.unix_micros(F.col("c.interval_end"))
-    window_us = end_us - F.pmod(end_us, F.lit(_WINDOW_US))
-    return records.where(
-        (F.col("metric") != "")
-        & ~F.col("metric").contains("/")
-        & F.col("c.kind").isin(*COUNTER_KINDS)
-        & F.col("c.delta").isNotNull()
-        & F.col("c.total").isNotNull()
-        & F.col("c.interval_end").isNotNull()
-    ).select(
-        "tenant",
-        "metric",
-        F.col("c.kind").alias("kind"),
-        F.timestamp_micros(window_us).alias("window_start"),
-        # UTC day from epoch micros, whatever the session time zone (as in streaming.history).
-        F.date_from_unix_date(F.floor(window_us / _US_PER_DAY).cast("int")).alias("date"),
-        "node",
-        "seq",
-        F.col("c.delta").alias("delta"),
-        F.col("c.total").alias("total"),
-        F.col("c.interval_end").alias("interval_end"),
-    )
+    metric = topic[len(COUNTERS_TOPIC_PREFIX) :]
+    if not metric or "/" in metric:
+        return None, f"topic {topic} does not name one metric"
+    try:
+        doc = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        doc = None
+    if not isinstance(doc, dict):
+        return None, "payload is not a JSON object"
+    if doc.get("kind") not in COUNTER_KINDS:
+        return None, f"field 'kind' is not one of {', '.join(COUNTER_KINDS)}"
+    for name in ("delta", "total"):
+        if not isinstance(doc.get(name), int) or isinstance(doc.get(name), bool):
+            return None, f"field {name!r} is missing, null or not an integer"
+    end = _timestamp(doc.get("interval_end"))
+    if end is None:
+        return None, "field 'interval_end' is missing or not an ISO 8601 time"
+    return {
+        "metric": metric,
+        "kind": doc["kind"],
+        "delta": doc["delta"],
+        "total": doc["total"],
+        "interval_end": end,
+    }, None
 
 
-def partials(records: DataFrame) -> DataFrame:
-    """One micro-batch of :func:`transform` rows to ``USAGE_PARTIAL_SCHEMA``: one row per
+def transform(records: pa.Table) -> tuple[list[Row], pa.Table]:
+    """Journal rows on counter topics to parsed counter records (one dict each: tenant,
+    metric, kind, window_start, date, node, seq, delta, total, interval_end), and the records
+    that broke the counter contract as ``quarantine`` rows."""
+    counters: list[Row] = []
+    reasons: list[str | None] = []
+    for tenant, node, seq, topic, payload in zip(
+        *(
+            records.column(name).to_pylist()
+            for name in ("tenant", "node", "seq", "topic", "payload")
+        ),
+        strict=True,
+    ):
+        fields, reason = parse(topic, payload)
+        reasons.append(reason)
+        if fields is None:
+            continue
+        end_us = _micros(fields["interval_end"])
+        window_us = end_us - end_us % _WINDOW_US
+        window_start = _EPOCH + timedelta(microseconds=window_us)
+        counters.append(
+            {
+                "tenant": tenant,
+                "node": node,
+                "seq": seq,
+                "window_start": window_start,
+                "date": window_start.date(),
+                **fields,
+            }
+        )
+    broken = pc.is_valid(pa.array(reasons, pa.string()))
+    quarantined = quarantine_rows(
+        records.filter(broken),
+        TABLE,
+        RULE,
+        pa.array([r for r in reasons if r is not None], pa.string()),
+    )
+    return counters, quarantined
+
+
+def partials(counters: Iterable[Row]) -> pa.Table:
+    """One micro-batch of :func:`transform` records to ``USAGE_PARTIAL_SCHEMA``: one row per
     tenant, metric, window and node (a counter's deltas summed, a gauge's last value)."""
-    grouped = records.groupBy("tenant", "metric", "kind", "window_start", "date", "node").agg(
-        F.sum("delta").alias("delta_sum"),
+    groups: dict[tuple[Any, ...], Row] = {}
+    for c in counters:
+        key = (c["tenant"], c["metric"], c["kind"], c["window_start"], c["date"], c["node"])
+        group = groups.get(key)
+        if group is None:
+            groups[key] = group = {"delta": 0, "last": None, "reported_at": c["interval_end"]}
+        group["delta"] += c["delta"]
         # A gauge's value in the window is the one reported last (seq breaks a tie).
-        F.max_by("total", F.struct("interval_end", "seq")).alias("last_total"),
-        F.max("interval_end").alias("reported_at"),
-    )
-    value = F.when(F.col("kind") == "gauge", F.col("last_total")).otherwise(F.col("delta_sum"))
-    return grouped.select(
-        *[
-            (value if field.name == "value" else F.col(field.name))
-            .cast(field.dataType)
-            .alias(field.name)
-            for field in PARTIAL_SPARK_SCHEMA.fields
-        ]
-    )
+        order = (c["interval_end"], c["seq"])
+        if group["last"] is None or order > group["last"][0]:
+            group["last"] = (order, c["total"])
+        group["reported_at"] = max(group["reported_at"], c["interval_end"])
+    rows = [
+        {
+            "tenant": tenant,
+            "metric": metric,
+            "kind": kind,
+            "window_start": window_start,
+            "date": day,
+            "node": node,
+            "value": group["last"][1] if kind == "gauge" else group["delta"],
+            "reported_at": group["reported_at"],
+        }
+        for (tenant, metric, kind, window_start, day, node), group in groups.items()
+    ]
+    return pa.Table.from_pylist(rows, schema=USAGE_PARTIAL_SCHEMA)
+
+
+def _timestamp(value: object) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    # A time without an offset is UTC, as everywhere in the pipeline.
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+
+
+def _micros(moment: datetime) -> int:
+    return (moment - _EPOCH) // timedelta(microseconds=1)
 
 
 def combine(
@@ -299,66 +356,27 @@ def _sql_list(values: Iterable[str]) -> str:
     return ", ".join(sql_string(v) for v in sorted(set(values)))
 
 
-class _BatchSink:
-    """The ``foreachBatch`` function: usage first, then the quota step (if any)."""
+class UsageStep:
+    """Upserts a micro-batch's counters into ``usage``, then runs the quota step (if any)."""
 
-    def __init__(self, writer: UsageWriter, quota: QuotaStep | None) -> None:
-        self._writer = writer
-        self._quota = quota
+    table = TABLE
 
-    def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        totals = self._writer.write(batch_id, partials(batch).toArrow())
-        if self._quota is not None:
-            self._quota.run(batch_id, totals)
+    def __init__(self, settings: PipelineSettings, quota: QuotaSettings | None = None) -> None:
+        self.usage = UsageWriter(settings)
+        self.quota: QuotaStep | None = None
+        writers: list[DeltaBatchWriter] = [self.usage.delta]
+        if quota is not None:
+            from streaming.quota import QuotaStep  # quota imports this module's names
 
+            self.quota = QuotaStep(settings, quota)
+            writers.append(self.quota.events)
+        self.writers = tuple(writers)
 
-def start(
-    spark: SparkSession, settings: PipelineSettings, quota: QuotaSettings | None = None
-) -> StreamingQuery:
-    """Start the usage query (with the quota step when ``quota`` is given); runs until stopped.
+    accepts = staticmethod(accepts)
 
-    With or without ``quota`` it is the same query (name, checkpoint, Delta app id), so quota
-    enforcement can be switched on and off across restarts.
-    """
-    checkpoint = settings.checkpoint_path(JOB)
-    writer = UsageWriter(settings)
-    check_checkpoint(checkpoint, writer.delta)
-    step = None
-    if quota is not None:
-        from streaming.quota import QuotaStep  # quota imports this module's names
-
-        step = QuotaStep(settings, quota)
-        check_checkpoint(checkpoint, step.events)
-    journal = (
-        spark.readStream.format(SOURCE_NAME)
-        .option(OPTION_PATH, str(settings.journal_root))
-        .option(OPTION_MAX_RECORDS, str(settings.max_records_per_batch))
-        .option(OPTION_CHECKPOINT, str(checkpoint))
-        .load()
-    )
-    query: StreamingQuery = (
-        transform(journal)
-        .writeStream.queryName(JOB)
-        .foreachBatch(_BatchSink(writer, step))
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(processingTime=f"{settings.trigger_interval_seconds} seconds")
-        .start()
-    )
-    logger.info(
-        "started %s: %s -> %s (quota %s)",
-        JOB,
-        settings.journal_root,
-        writer.delta.path,
-        "on" if step is not None else "off",
-    )
-    return query
-
-
-@dataclass(frozen=True, slots=True)
-class UsageJob:
-    """The usage job bound to its quota settings, as a :class:`streaming.pipeline.Job`."""
-
-    quota: QuotaSettings | None = None
-
-    def start(self, spark: SparkSession, settings: PipelineSettings) -> StreamingQuery:
-        return start(spark, settings, self.quota)
+    def __call__(self, batch_id: int, records: pa.Table) -> pa.Table:
+        counters, quarantined = transform(records)
+        totals = self.usage.write(batch_id, partials(counters))
+        if self.quota is not None:
+            self.quota.run(batch_id, totals)
+        return quarantined

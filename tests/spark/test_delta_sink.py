@@ -189,3 +189,40 @@ def test_reader_processes_always_exit_cleanly(writer: DeltaBatchWriter) -> None:
             check=False,
         )
         assert done.returncode == 0, (attempt, done.returncode, done.stderr)
+
+
+def test_spark_batches_of_empty_lists_reach_every_table(spark: Any, tmp_path: Path) -> None:
+    # Regression: Spark's Arrow output for all-empty lists (and empty partitions) has empty
+    # offsets buffers, which once made delta-rs panic; the fan-out must repair them.
+    from schemas.journal import JOURNAL_SCHEMA
+    from streaming.pipeline import TableFanout, quarantine_writer, table_steps
+    from streaming.settings import PipelineSettings
+
+    settings = PipelineSettings(data_dir=tmp_path / "data", lake=tmp_path / "lake")
+    ts = dt.datetime(2024, 3, 10, tzinfo=dt.UTC)
+    rows = [
+        {
+            "node": "edge-1",
+            "seq": i,
+            "ts": ts,
+            "tenant": "acme",
+            "client_id": "dev",
+            "topic": "a/b" if i % 2 else "$log/mqtt/connect",
+            "qos": 1,
+            "retain": False,
+            "payload": b"x",
+            "content_type": None,
+            "user_properties": [],
+        }
+        for i in range(1, 7)
+    ]
+    journal = spark.createDataFrame(pa.Table.from_pylist(rows, schema=JOURNAL_SCHEMA))
+    fanout = TableFanout(
+        table_steps(settings, None), quarantine_writer(settings.table_path("quarantine"))
+    )
+    fanout(journal.repartition(4), 0)
+    back = read_table(settings.table_path("messages"), columns=["seq", "user_properties"])
+    assert sorted(back.column("seq").to_pylist()) == [1, 3, 5]
+    assert back.column("user_properties").to_pylist() == [[]] * 3
+    quarantined = read_table(settings.table_path("quarantine"), columns=["seq", "user_properties"])
+    assert sorted(quarantined.column("seq").to_pylist()) == [2, 4, 6]  # not log events

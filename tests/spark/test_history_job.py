@@ -129,7 +129,7 @@ def test_crash_between_delta_commit_and_spark_commit(
 
     # What a SIGKILL right after the Delta commit leaves: the batch is in the table, but
     # Spark never wrote its commit marker, so the restart replays it.
-    commits = settings.checkpoint_path(history.JOB) / "commits"
+    commits = settings.checkpoint_path(pipeline.JOB) / "commits"
     last = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
     (commits / str(last)).unlink()
     (commits / f".{last}.crc").unlink(missing_ok=True)
@@ -149,7 +149,7 @@ def test_a_lost_checkpoint_refuses_to_start(
 ) -> None:
     journal(settings, "edge-a", traffic(10))
     pipeline.run(settings, once=True, spark=edgebus_spark)
-    for path in sorted(settings.checkpoint_path(history.JOB).rglob("*"), reverse=True):
+    for path in sorted(settings.checkpoint_path(pipeline.JOB).rglob("*"), reverse=True):
         path.rmdir() if path.is_dir() else path.unlink()
 
     with pytest.raises(PipelineError, match="checkpoint"):
@@ -171,7 +171,7 @@ def test_long_run_stops_when_asked(edgebus_spark: SparkSession, settings: Pipeli
     runner = threading.Thread(target=target)
     runner.start()
     try:
-        query = wait_for_query(edgebus_spark, history.JOB)
+        query = wait_for_query(edgebus_spark, pipeline.JOB)
         query.processAllAvailable()
         assert_exactly_once(settings, expected)
     finally:

@@ -18,7 +18,7 @@ from edgebus import logs_cli
 from ingest import source
 from ingest.journal import JournalWriter
 from sinks.delta import read_table
-from streaming import history, logs
+from streaming import history, logs, pipeline
 from streaming.errors import PipelineError
 from streaming.settings import PipelineSettings
 
@@ -90,7 +90,7 @@ def write_journal(settings: PipelineSettings, node: str, count: int, start: int 
 
 
 def run_logs(spark: SparkSession, settings: PipelineSettings) -> None:
-    query = logs.start(spark, settings)
+    query = pipeline.start(spark, settings)
     try:
         query.processAllAvailable()
     finally:
@@ -175,7 +175,7 @@ def test_replays_land_exactly_once(edgebus_spark: SparkSession, settings: Pipeli
     assert delta_version(settings) == version
 
     # What a SIGKILL right after the Delta commit leaves: Spark replays the last batch.
-    commits = settings.checkpoint_path(logs.JOB) / "commits"
+    commits = settings.checkpoint_path(pipeline.JOB) / "commits"
     last = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
     (commits / str(last)).unlink()
     (commits / f".{last}.crc").unlink(missing_ok=True)
@@ -196,25 +196,23 @@ def test_a_lost_checkpoint_refuses_to_start(
 ) -> None:
     write_journal(settings, "edge-a", 6)
     run_logs(edgebus_spark, settings)
-    for path in sorted(settings.checkpoint_path(logs.JOB).rglob("*"), reverse=True):
+    for path in sorted(settings.checkpoint_path(pipeline.JOB).rglob("*"), reverse=True):
         path.rmdir() if path.is_dir() else path.unlink()
     with pytest.raises(PipelineError, match="checkpoint"):
-        logs.start(edgebus_spark, settings)
+        pipeline.start(edgebus_spark, settings)
     assert not edgebus_spark.streams.active
 
 
-def test_runs_alongside_the_history_job(
+def test_one_batch_feeds_logs_and_messages(
     edgebus_spark: SparkSession, settings: PipelineSettings
 ) -> None:
-    # Both jobs read the same journal with their own checkpoints and write their own tables.
+    # One query reads the journal; each step writes its own table from the same batches.
     expected = write_journal(settings, "edge-a", 16)
-    queries = [history.start(edgebus_spark, settings), logs.start(edgebus_spark, settings)]
+    query = pipeline.start(edgebus_spark, settings)
     try:
-        for query in queries:
-            query.processAllAvailable()
+        query.processAllAvailable()
     finally:
-        for query in queries:
-            query.stop()
+        query.stop()
     assert_exactly_once(settings, expected)
     messages = read_table(settings.table_path(history.TABLE), columns=["topic"])
     assert messages.num_rows == 4

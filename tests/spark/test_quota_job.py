@@ -24,7 +24,7 @@ from broker_edge.plim import QuotaDecision
 from broker_edge.settings import EdgeSettings
 from ingest import source
 from sinks.delta import read_table
-from streaming import quota, usage
+from streaming import pipeline, quota
 from streaming.quota_settings import QuotaSettings, TenantLimits
 from streaming.settings import PipelineSettings
 
@@ -174,7 +174,7 @@ class Limits:
 
 
 def run_once(spark: SparkSession, settings: PipelineSettings, quotas: QuotaSettings) -> None:
-    query = usage.UsageJob(quotas).start(spark, settings)
+    query = pipeline.start(spark, settings, quotas)
     try:
         query.processAllAvailable()
     finally:
@@ -270,7 +270,7 @@ def test_warn_block_raise_and_replay_against_a_real_edge(
     # and sends the recorded decision again, never a contradicting one.
     events_table = DeltaTable(str(settings.table_path(quota.TABLE)))
     version = events_table.version()
-    commits = settings.checkpoint_path(usage.JOB) / "commits"
+    commits = settings.checkpoint_path(pipeline.JOB) / "commits"
     last_batch = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
     assert events_table.transaction_version(quota.APP_ID) == last_batch
     (commits / str(last_batch)).unlink()

@@ -14,7 +14,7 @@ from pyspark.sql import SparkSession
 
 from ingest import source
 from sinks.delta import read_table
-from streaming import usage
+from streaming import pipeline, usage
 from streaming.settings import PipelineSettings
 
 pytestmark = pytest.mark.spark
@@ -40,7 +40,7 @@ def make_settings(tmp_path: Path, max_records: int = 1000) -> PipelineSettings:
 
 
 def run_usage(spark: SparkSession, settings: PipelineSettings) -> None:
-    query = usage.start(spark, settings)
+    query = pipeline.start(spark, settings)
     try:
         query.processAllAvailable()
     finally:
@@ -159,7 +159,7 @@ def test_minutes_spanning_batches_replays_and_late_records_count_once(
     version = table.version()
 
     # A crash after the Delta commit and before Spark's: the restart replays the last batch.
-    commits = settings.checkpoint_path(usage.JOB) / "commits"
+    commits = settings.checkpoint_path(pipeline.JOB) / "commits"
     last = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
     (commits / str(last)).unlink()
     (commits / f".{last}.crc").unlink(missing_ok=True)

@@ -1,23 +1,19 @@
-"""The logs job's pure transform: journal rows on ``$log/`` topics in, ``logs`` rows out."""
+"""The logs step's pure Arrow transform: journal rows on ``$log/`` topics in, ``logs`` rows out."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
 import pytest
-from pyspark.sql import SparkSession
 
 from broker_edge.plim import log_event
+from schemas.contracts import rows_where
 from schemas.journal import JOURNAL_SCHEMA
-from schemas.tables import LOGS_SCHEMA
-from sinks.delta import conform
-from streaming.logs import LOGS_SPARK_SCHEMA, transform
-
-pytestmark = pytest.mark.spark
+from schemas.tables import LOGS_SCHEMA, QUARANTINE_SCHEMA
+from streaming.logs import accepts, transform
 
 UTC = dt.UTC
 JUST_BEFORE_MIDNIGHT = dt.datetime(2024, 3, 9, 23, 59, 59, 999_999, tzinfo=UTC)
@@ -63,23 +59,23 @@ def log_row(seq: int, doc: dict[str, Any], topic: str = "$log/mqtt/connect") -> 
     return journal_row(seq, topic, json.dumps(doc).encode())
 
 
-def run_transform(spark: SparkSession, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    journal = spark.createDataFrame(pa.Table.from_pylist(rows, schema=JOURNAL_SCHEMA))
-    out = conform(transform(journal).toArrow(), LOGS_SCHEMA).sort_by("seq")
-    result: list[dict[str, Any]] = out.to_pylist()
+def run_transform(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    journal = pa.Table.from_pylist(rows, schema=JOURNAL_SCHEMA)
+    out, _ = transform(rows_where(journal, accepts(journal.column("topic"))))
+    result: list[dict[str, Any]] = out.sort_by("seq").to_pylist()
     return result
 
 
-def test_columns_and_types_follow_the_table_schema(spark: SparkSession) -> None:
-    journal = spark.createDataFrame(
+def test_columns_and_types_follow_the_table_schema() -> None:
+    out, quarantined = transform(
         pa.Table.from_pylist([log_row(1, event_doc())], schema=JOURNAL_SCHEMA)
     )
-    out = transform(journal)
-    assert out.columns == LOGS_SCHEMA.names
-    assert [f.dataType for f in out.schema.fields] == [f.dataType for f in LOGS_SPARK_SCHEMA.fields]
+    assert out.schema == LOGS_SCHEMA
+    assert quarantined.schema == QUARANTINE_SCHEMA
+    assert quarantined.num_rows == 0
 
 
-def test_an_edge_log_event_becomes_one_valid_row(spark: SparkSession) -> None:
+def test_an_edge_log_event_becomes_one_valid_row() -> None:
     topic, payload = log_event(
         ts_us=int(JUST_BEFORE_MIDNIGHT.timestamp() * 1_000_000),
         node="edge-1",
@@ -89,7 +85,7 @@ def test_an_edge_log_event_becomes_one_valid_row(spark: SparkSession) -> None:
         event="quota_warn",
         details={"metric": "messages", "limit": 1000, "value": 950.5},
     )
-    [row] = run_transform(spark, [journal_row(7, topic, payload, ts=JUST_BEFORE_MIDNIGHT)])
+    [row] = run_transform([journal_row(7, topic, payload, ts=JUST_BEFORE_MIDNIGHT)])
     assert row == {
         "node": "edge-1",
         "seq": 7,
@@ -107,13 +103,13 @@ def test_an_edge_log_event_becomes_one_valid_row(spark: SparkSession) -> None:
     }
 
 
-def test_details_keep_nested_json(spark: SparkSession) -> None:
-    [row] = run_transform(spark, [log_row(1, event_doc())])
+def test_details_keep_nested_json() -> None:
+    [row] = run_transform([log_row(1, event_doc())])
     assert json.loads(row["details"]) == DETAILS
     assert row["payload_valid"]
 
 
-def test_only_log_topics_are_kept(spark: SparkSession) -> None:
+def test_only_log_topics_are_kept() -> None:
     payload = json.dumps(event_doc()).encode()
     rows = [
         journal_row(1, "fleet/truck-7/telemetry", b'{"speed": 1}'),
@@ -123,7 +119,7 @@ def test_only_log_topics_are_kept(spark: SparkSession) -> None:
         journal_row(5, "log/mqtt/connect", payload),
         log_row(6, event_doc()),
     ]
-    assert [row["seq"] for row in run_transform(spark, rows)] == [6]
+    assert [row["seq"] for row in run_transform(rows)] == [6]
 
 
 INVALID = [
@@ -173,10 +169,10 @@ INVALID = [
 
 @pytest.mark.parametrize(("payload", "reason"), INVALID)
 def test_an_invalid_payload_is_kept_raw_with_its_reason(
-    spark: SparkSession, payload: bytes | dict[str, Any], reason: str
+    payload: bytes | dict[str, Any], reason: str
 ) -> None:
     raw = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-    [row] = run_transform(spark, [journal_row(3, "$log/mqtt/connect", raw)])
+    [row] = run_transform([journal_row(3, "$log/mqtt/connect", raw)])
     assert row["payload_valid"] is False
     assert row["invalid_reason"] == reason
     assert row["raw"] == raw
@@ -185,14 +181,14 @@ def test_an_invalid_payload_is_kept_raw_with_its_reason(
     assert row["date"] == dt.date(2024, 3, 10)
 
 
-def test_what_parsed_is_kept_and_the_topic_fills_in(spark: SparkSession) -> None:
+def test_what_parsed_is_kept_and_the_topic_fills_in() -> None:
     missing = {k: v for k, v in event_doc().items() if k not in ("origin", "event", "ts_us")}
     rows = [
         log_row(1, missing, topic="$log/quota/quota_blocked"),
         journal_row(2, "$log/mqtt/acl_denied", b"garbage"),
         journal_row(3, "$log/lonely", b"garbage"),
     ]
-    first, second, third = run_transform(spark, rows)
+    first, second, third = run_transform(rows)
     assert (first["origin"], first["event_type"]) == ("quota", "quota_blocked")
     assert first["client_id"] == "truck-7"
     assert json.loads(first["details"]) == DETAILS
@@ -206,26 +202,33 @@ def test_what_parsed_is_kept_and_the_topic_fills_in(spark: SparkSession) -> None
     assert (third["origin"], third["event_type"]) == ("lonely", None)
 
 
-@pytest.fixture
-def pacific_session(spark: SparkSession) -> Iterator[SparkSession]:
-    before = spark.conf.get("spark.sql.session.timeZone")
-    spark.conf.set("spark.sql.session.timeZone", "America/Los_Angeles")
-    try:
-        yield spark
-    finally:
-        spark.conf.set("spark.sql.session.timeZone", before)
-
-
-@pytest.mark.parametrize("session", ["spark", "pacific_session"])
-def test_date_is_the_utc_day_of_the_record(session: str, request: pytest.FixtureRequest) -> None:
-    spark = request.getfixturevalue(session)
+def test_date_is_the_utc_day_of_the_record() -> None:
     # The payload's own time says otherwise: the record's ts decides the partition.
     doc = event_doc(time="2030-01-01T00:00:00.000+00:00", ts_us=1_893_456_000_000_000)
     rows = [
         journal_row(1, "$log/mqtt/connect", json.dumps(doc).encode(), ts=JUST_BEFORE_MIDNIGHT),
         journal_row(2, "$log/mqtt/connect", json.dumps(doc).encode(), ts=MIDNIGHT),
     ]
-    out = run_transform(spark, rows)
+    out = run_transform(rows)
     assert [row["date"] for row in out] == [dt.date(2024, 3, 9), dt.date(2024, 3, 10)]
     assert [row["ts"] for row in out] == [JUST_BEFORE_MIDNIGHT, MIDNIGHT]
     assert all(row["payload_valid"] for row in out)
+
+
+def test_invalid_events_are_also_quarantined_raw_with_their_reason() -> None:
+    rows = [
+        log_row(1, event_doc()),
+        journal_row(2, "$log/mqtt/connect", b"not json"),
+        log_row(3, event_doc(tenant="other")),
+    ]
+    out, quarantined = transform(pa.Table.from_pylist(rows, schema=JOURNAL_SCHEMA))
+    assert out.column("seq").to_pylist() == [1, 2, 3]  # logs keep every event
+    assert quarantined.column("seq").to_pylist() == [2, 3]
+    assert set(quarantined.column("table").to_pylist()) == {"logs"}
+    assert set(quarantined.column("rule").to_pylist()) == {"log_event"}
+    assert quarantined.column("reason").to_pylist() == [
+        "payload is not a JSON object",
+        "field 'tenant' is 'other' but the event was published in tenant 'acme'",
+    ]
+    assert quarantined.column("payload").to_pylist()[0] == b"not json"
+    assert quarantined.column("date").to_pylist() == [dt.date(2024, 3, 10)] * 2

@@ -1,22 +1,18 @@
-"""The history job's pure transform: journal rows in, messages rows out."""
+"""The history step's pure Arrow transform: journal rows in, messages rows out."""
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pytest
-from pyspark.sql import SparkSession
 
+from schemas.contracts import rows_where
 from schemas.journal import JOURNAL_SCHEMA
 from schemas.tables import MESSAGES_PARTITION_BY, MESSAGES_SCHEMA
-from sinks.delta import DeltaBatchWriter, conform, read_table
-from streaming.history import MESSAGES_SPARK_SCHEMA, transform
-
-pytestmark = pytest.mark.spark
+from sinks.delta import DeltaBatchWriter, read_table
+from streaming.history import accepts, transform
 
 UTC = dt.UTC
 
@@ -58,22 +54,18 @@ ROWS = [
 ]
 
 
-def run_transform(spark: SparkSession, rows: list[dict[str, Any]]) -> pa.Table:
-    journal = spark.createDataFrame(pa.Table.from_pylist(rows, schema=JOURNAL_SCHEMA))
-    return conform(transform(journal).toArrow(), MESSAGES_SCHEMA).sort_by("seq")
+def run_transform(rows: list[dict[str, Any]]) -> pa.Table:
+    journal = pa.Table.from_pylist(rows, schema=JOURNAL_SCHEMA)
+    return transform(rows_where(journal, accepts(journal.column("topic")))).sort_by("seq")
 
 
-def test_columns_and_types_follow_the_table_schema(spark: SparkSession) -> None:
-    journal = spark.createDataFrame(pa.Table.from_pylist(ROWS, schema=JOURNAL_SCHEMA))
-    out = transform(journal)
-    assert out.columns == MESSAGES_SCHEMA.names
-    assert [f.dataType for f in out.schema.fields] == [
-        f.dataType for f in MESSAGES_SPARK_SCHEMA.fields
-    ]
+def test_columns_and_types_follow_the_table_schema() -> None:
+    out = transform(pa.Table.from_pylist(ROWS, schema=JOURNAL_SCHEMA))
+    assert out.schema == MESSAGES_SCHEMA
 
 
-def test_rows_are_mapped_and_dollar_topics_dropped(spark: SparkSession) -> None:
-    out = run_transform(spark, ROWS)
+def test_rows_are_mapped_and_dollar_topics_dropped() -> None:
+    out = run_transform(ROWS)
     assert out.column("seq").to_pylist() == [1, 4, 5]
     first = out.slice(0, 1).to_pylist()[0]
     assert first == {
@@ -96,31 +88,19 @@ def test_rows_are_mapped_and_dollar_topics_dropped(spark: SparkSession) -> None:
     assert out.column("tenant").to_pylist() == ["acme", "acme", "other"]
 
 
-def test_only_dollar_traffic_gives_no_rows(spark: SparkSession) -> None:
-    out = run_transform(spark, [r for r in ROWS if r["topic"].startswith("$")])
+def test_only_dollar_traffic_gives_no_rows() -> None:
+    out = run_transform([r for r in ROWS if r["topic"].startswith("$")])
     assert out.num_rows == 0
 
 
-@pytest.fixture
-def pacific_session(spark: SparkSession) -> Iterator[SparkSession]:
-    before = spark.conf.get("spark.sql.session.timeZone")
-    spark.conf.set("spark.sql.session.timeZone", "America/Los_Angeles")
-    try:
-        yield spark
-    finally:
-        spark.conf.set("spark.sql.session.timeZone", before)
-
-
-@pytest.mark.parametrize("session", ["spark", "pacific_session"])
-def test_date_is_the_utc_day_across_midnight(session: str, request: pytest.FixtureRequest) -> None:
-    spark = request.getfixturevalue(session)
+def test_date_is_the_utc_day_across_midnight() -> None:
     rows = [
         journal_row(1, "a", JUST_BEFORE_MIDNIGHT),
         journal_row(2, "a", MIDNIGHT),
         journal_row(3, "a", dt.datetime(1969, 12, 31, 23, 59, 59, tzinfo=UTC)),
         journal_row(4, "a", dt.datetime(1970, 1, 1, tzinfo=UTC)),
     ]
-    out = run_transform(spark, rows)
+    out = run_transform(rows)
     assert out.column("date").to_pylist() == [
         dt.date(2024, 3, 9),
         dt.date(2024, 3, 10),
@@ -130,11 +110,18 @@ def test_date_is_the_utc_day_across_midnight(session: str, request: pytest.Fixtu
     assert out.column("ts").to_pylist() == [r["ts"] for r in rows]
 
 
-def test_spark_batches_of_empty_lists_reach_delta(spark: SparkSession, tmp_path: Path) -> None:
-    # Regression: Spark's Arrow output for all-empty lists once made delta-rs panic.
+def test_a_zoned_ts_column_still_gives_utc_days() -> None:
+    # Spark hands Arrow timestamps in the session's zone; the partition is the UTC day anyway.
+    zoned = pa.timestamp("us", tz="America/Los_Angeles")
+    journal = pa.Table.from_pylist([journal_row(1, "a", JUST_BEFORE_MIDNIGHT)], JOURNAL_SCHEMA)
+    journal = journal.set_column(2, "ts", journal.column("ts").cast(zoned))
+    assert transform(journal).column("date").to_pylist() == [dt.date(2024, 3, 9)]
+
+
+def test_pyarrow_batches_of_empty_lists_reach_delta(tmp_path: Path) -> None:
     rows = [journal_row(i, "a/b", MIDNIGHT, user_properties=[]) for i in range(1, 6)]
-    journal = spark.createDataFrame(pa.Table.from_pylist(rows, schema=JOURNAL_SCHEMA))
+    journal = pa.Table.from_pylist(rows, schema=JOURNAL_SCHEMA)
     writer = DeltaBatchWriter(tmp_path / "messages", "test", MESSAGES_SCHEMA, MESSAGES_PARTITION_BY)
-    assert writer.write(0, transform(journal.repartition(3)).toArrow())
+    assert writer.write(0, transform(journal.filter(pa.array([True, False, True, True, True]))))
     back = read_table(writer.path, columns=["seq", "user_properties"]).sort_by("seq")
-    assert back.column("user_properties").to_pylist() == [[]] * 5
+    assert back.column("user_properties").to_pylist() == [[]] * 4
