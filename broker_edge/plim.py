@@ -25,34 +25,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from broker_edge.errors import EdgeError
+from schemas.payloads import LOG_EVENTS
+from schemas.usage import COUNTER_METRICS, GAUGE_METRICS
 
-LOG_EVENTS = frozenset(
-    {
-        "connect",
-        "disconnect",
-        "subscribe",
-        "unsubscribe",
-        "auth_failed",
-        "acl_denied",
-        "malformed_packet",
-        "session_taken_over",
-        "queue_overflow",
-        "limit_exceeded",
-        "quota_warn",
-        "quota_blocked",
-        "quota_cleared",
-    }
-)
-COUNTER_METRICS = (
-    "messages_in",
-    "messages_out",
-    "bytes_in",
-    "bytes_out",
-    "sessions",
-    "subscriptions",
-    "retained",
-)
-GAUGES = frozenset({"sessions", "subscriptions", "retained"})
 QUOTA_STATES = ("ok", "warn", "blocked")
 CONTROL_PREFIX = "$control/quota/"
 
@@ -118,7 +93,7 @@ def counter_messages(
             "node": node,
             "tenant": tenant,
             "metric": metric,
-            "kind": "gauge" if metric in GAUGES else "counter",
+            "kind": "gauge" if metric in GAUGE_METRICS else "counter",
             "delta": total - previous.get(metric, 0),
             "total": total,
             "interval_start": iso(start_us),

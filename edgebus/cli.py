@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from broker_edge.errors import ConfigError
-from edgebus import logs_cli, usage_cli
+from edgebus import logs_cli, quality_cli, usage_cli
 from edgebus.settings import SettingsError, load_edge, load_pipeline
 
 log = logging.getLogger("edgebus")
@@ -67,6 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--tenants", type=Path, help="tenants file for the edge and the quota step")
     _pipeline_args(run)
     logs_cli.add_parser(sub)
+    quality_cli.add_parser(sub)
     usage_cli.add_parser(sub)
     return parser
 
@@ -94,6 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return logs_cli.run(args)
         if args.command == "usage":
             return usage_cli.run(args)
+        if args.command == "quality":
+            return quality_cli.run(args)
         return _run(args)
     except SettingsError as exc:
         print(f"edgebus: bad settings: {exc}", file=sys.stderr)

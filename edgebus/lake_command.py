@@ -36,8 +36,8 @@ class CommandError(Exception):
         self.exit_code = exit_code
 
 
-def add_lake_arguments(parser: argparse.ArgumentParser, tenant_help: str) -> None:
-    """``--lake DIR`` (default ./lake) and ``--tenant T`` (required)."""
+def add_lake_arguments(parser: argparse.ArgumentParser, tenant_help: str | None) -> None:
+    """``--lake DIR`` (default ./lake) and, with ``tenant_help``, ``--tenant T`` (required)."""
     parser.add_argument(
         "--lake",
         type=Path,
@@ -45,7 +45,19 @@ def add_lake_arguments(parser: argparse.ArgumentParser, tenant_help: str) -> Non
         metavar="DIR",
         help="directory of the Delta tables (default ./lake)",
     )
-    parser.add_argument("--tenant", required=True, metavar="T", help=tenant_help)
+    if tenant_help is not None:
+        parser.add_argument("--tenant", required=True, metavar="T", help=tenant_help)
+
+
+def positive_int(text: str) -> int:
+    """An argument type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
 
 
 def add_format_argument(parser: argparse.ArgumentParser, json_help: str) -> None:

@@ -95,16 +95,6 @@ def time_arg(text: str) -> TimeArg:
     return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     lake_command.add_lake_arguments(parser, tenant_help="whose events to show")
     parser.add_argument(
@@ -123,7 +113,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--client-id", metavar="C", help="only events about this client id")
     parser.add_argument(
         "--limit",
-        type=_positive,
+        type=lake_command.positive_int,
         default=DEFAULT_LIMIT,
         metavar="N",
         help=f"at most N rows (default {DEFAULT_LIMIT})",

@@ -15,6 +15,19 @@ COUNTERS_TOPIC_PREFIX = "$counters/"
 
 COUNTER_KINDS = ("counter", "gauge")
 
+# The metrics every edge reports per tenant (``broker_edge.plim.counter_messages``); the gauges
+# among them report a current value, the others (counters) what they grew by.
+COUNTER_METRICS = (
+    "messages_in",
+    "messages_out",
+    "bytes_in",
+    "bytes_out",
+    "sessions",
+    "subscriptions",
+    "retained",
+)
+GAUGE_METRICS = frozenset({"sessions", "subscriptions", "retained"})
+
 # The JSON payload on ``$counters/{metric}`` (see broker_edge.plim.counter_messages). ``delta``
 # is what a counter grew by during the interval; ``total`` is the node's running total, or a
 # gauge's current value. Timestamps are ISO 8601 strings with an offset in the JSON.

@@ -7,8 +7,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker_edge.plim import GAUGES, iso
+from broker_edge.plim import iso
 from ingest.journal import JournalWriter
+from schemas.usage import GAUGE_METRICS
 
 BASE_US = 1_710_028_800_000_000  # 2024-03-10T00:00:00Z
 SECOND_US = 1_000_000
@@ -31,7 +32,7 @@ class Counter:
             "node": node,
             "tenant": self.tenant,
             "metric": self.metric,
-            "kind": "gauge" if self.metric in GAUGES else "counter",
+            "kind": "gauge" if self.metric in GAUGE_METRICS else "counter",
             "delta": self.delta,
             "total": self.delta if self.total is None else self.total,
             "interval_start": iso(end_us - int(self.length_s * SECOND_US)),

@@ -1,0 +1,164 @@
+"""``edgebus quality`` over results that real quality runs wrote into a small lake."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from quality_lake import NOW, bad_lake, good_lake
+from repeated_runs import outputs_of_repeated_runs
+
+from edgebus import cli
+from schemas.expectations import build_suite
+from schemas.quality import QUALITY_RESULTS_TABLE
+from schemas.tables import TABLES
+from streaming.quality import run_quality
+
+LATER = NOW + dt.timedelta(minutes=10)
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Run 0 over tables that keep every expectation; run 1, ten minutes later, after they were
+    replaced by tables that break some."""
+    lake = tmp_path_factory.mktemp("quality") / "lake"
+    good_lake(lake)
+    run_quality(lake, now=NOW)
+    for table in TABLES:
+        if table != QUALITY_RESULTS_TABLE:
+            shutil.rmtree(lake / table, ignore_errors=True)
+    bad_lake(lake)
+    run_quality(lake, now=LATER)
+    return lake
+
+
+def quality(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = cli.main(["quality", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_the_latest_run_per_table_with_its_failed_expectations(
+    lake: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = quality(capsys, "--lake", str(lake))
+
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0] == "run 1  2024-03-10T12:10:00Z  4 of 4 tables failed"
+    assert lines[1].split() == [
+        "logs",
+        "FAILED",
+        "1",
+        "of",
+        "8",
+        "expectations",
+        "failed,",
+        "3",
+        "rows",
+    ]
+    assert "    EXPECTATION" in lines[2]
+    assert lines[3].split()[:5] == [
+        "expect_column_values_to_be_in_set",
+        "event_type",
+        "1",
+        "of",
+        "2",
+    ]
+    assert 'observed [{"count":1,"value":"teleport"}]' in lines[3]
+    unique = next(line for line in lines if "expect_compound_columns_to_be_unique" in line)
+    assert unique.split()[1:6] == ["node,", "seq", "2", "of", "7"]
+    assert '"value":["edge-a",2]' in unique
+    assert "run 0" not in out  # only the latest run by default
+
+
+def test_runs_n_shows_older_runs_too(lake: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = quality(capsys, "--lake", str(lake), "--runs", "5")
+
+    assert code == 0
+    headers = [line for line in out.splitlines() if line.startswith("run ")]
+    assert headers == [
+        "run 1  2024-03-10T12:10:00Z  4 of 4 tables failed",
+        "run 0  2024-03-10T12:00:00Z  0 of 4 tables failed",
+    ]
+    assert "  messages      ok      8 expectations met, 5 rows" in out
+
+
+def test_json_gives_every_result_of_a_table(lake: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = quality(
+        capsys, "--lake", str(lake), "--table", "quota_events", "--format", "json"
+    )
+
+    assert code == 0
+    docs = [json.loads(line) for line in out.splitlines()]
+    assert {d["table"] for d in docs} == {"quota_events"}
+    assert len(docs) == 7
+    assert [d["success"] for d in docs].count(False) == 1
+    failed = docs[0]  # failures first
+    assert failed["expectation"] == "expect_column_values_to_be_in_set"
+    assert failed["columns"] == ["state"]
+    assert failed["kwargs"] == {"value_set": ["ok", "warn", "blocked", "cleared"]}
+    assert failed["observed"] == [{"value": "melting", "count": 1}]
+    assert (failed["unexpected_count"], failed["element_count"]) == (1, 2)
+    assert failed["run"] == 1
+    assert failed["run_at"] == "2024-03-10T12:10:00.000000Z"
+
+
+def test_failed_only(lake: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = quality(
+        capsys, "--lake", str(lake), "--runs", "2", "--failed", "--format", "json"
+    )
+
+    docs = [json.loads(line) for line in out.splitlines()]
+    assert code == 0
+    assert len(docs) == 6
+    assert all(not d["success"] and d["run"] == 1 for d in docs)
+
+
+def test_nothing_failed_is_said_on_stderr(lake: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Run 0 over the good tables had no failures; --table limits to one with none in run 1 either.
+    code, out, err = quality(capsys, "--lake", str(lake), "--table", "nope", "--failed")
+
+    assert (code, out) == (0, "")
+    assert err == "edgebus quality: no failed expectations of nope in run 1\n"
+
+
+def test_unknown_table(lake: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = quality(capsys, "--lake", str(lake), "--table", "nope")
+
+    assert (code, out) == (0, "")
+    assert "no results for table 'nope' in run 1" in err
+
+
+def test_no_runs_yet_and_no_lake(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = quality(capsys, "--lake", str(tmp_path))
+    assert (code, out) == (0, "")
+    assert "no quality runs in" in err
+    assert "quality_interval_seconds" in err
+
+    code, out, err = quality(capsys, "--lake", str(tmp_path / "missing"))
+    assert (code, out) == (2, "")
+    assert "no lake at" in err
+
+
+def test_bad_runs_argument(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["quality", "--runs", "0"])
+    assert exit_info.value.code == 2
+    assert "expected a positive integer" in capsys.readouterr().err
+
+
+def test_twenty_runs_in_fresh_processes_exit_0(lake: Path) -> None:
+    command = [sys.executable, "-m", "edgebus.quality_cli", "--lake", str(lake), "--runs", "2"]
+
+    table, doc = outputs_of_repeated_runs(command)
+
+    assert table.startswith("run 1  2024-03-10T12:10:00Z")
+    per_run = sum(
+        len(build_suite(t).expectations) for t in ("messages", "logs", "usage", "quota_events")
+    )
+    assert len(doc.splitlines()) == 2 * per_run
