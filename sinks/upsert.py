@@ -19,12 +19,16 @@ from pathlib import Path
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, QueryBuilder, Transaction
-from deltalake.exceptions import DeltaError
+from deltalake.exceptions import CommitFailedError, DeltaError
 
 from sinks.delta import DeltaBatchWriter, conform
 from sinks.errors import DeltaSinkError, SinkSchemaError
 
 logger = logging.getLogger(__name__)
+
+# How often a merge is tried when another commit (a compaction) wins the race to the log.
+# This query is the only writer of its rows, so a lost race never means changed data.
+MERGE_ATTEMPTS = 5
 
 TABLE_NAME = "t"
 """The name the table has in :func:`query_table`'s SQL: ``SELECT ... FROM t``."""
@@ -52,28 +56,39 @@ class DeltaUpsertWriter(DeltaBatchWriter):
         if data.num_rows == 0:
             return False
         predicate = " AND ".join(f"t.{_quote(name)} = s.{_quote(name)}" for name in key)
-        try:
-            delta = self._open_or_create()
-            if self._already_committed(delta, batch_id):
-                return False
-            metrics = (
-                delta.merge(
-                    data,
-                    predicate,
-                    source_alias="s",
-                    target_alias="t",
-                    commit_properties=CommitProperties(
-                        app_transactions=[Transaction(self._app_id, batch_id)]
-                    ),
+        for attempt in range(1, MERGE_ATTEMPTS + 1):
+            try:
+                delta = self._open_or_create()
+                if self._already_committed(delta, batch_id):
+                    return False
+                metrics = (
+                    delta.merge(
+                        data,
+                        predicate,
+                        source_alias="s",
+                        target_alias="t",
+                        commit_properties=CommitProperties(
+                            app_transactions=[Transaction(self._app_id, batch_id)]
+                        ),
+                    )
+                    .when_matched_update_all()
+                    .when_not_matched_insert_all()
+                    .execute()
                 )
-                .when_matched_update_all()
-                .when_not_matched_insert_all()
-                .execute()
-            )
-        except (DeltaError, OSError) as exc:
-            raise DeltaSinkError(
-                f"{self._path}: merging batch {batch_id} of {self._app_id} failed: {exc}"
-            ) from exc
+                break
+            except CommitFailedError as exc:
+                # A compaction (sinks.maintenance) committed first; it rewrote files without
+                # changing a row, so the same merge on the new snapshot is still right.
+                if attempt == MERGE_ATTEMPTS:
+                    raise DeltaSinkError(
+                        f"{self._path}: merging batch {batch_id} of {self._app_id} lost "
+                        f"{attempt} commit races: {exc}"
+                    ) from exc
+                logger.info("%s: merge lost a commit race (%s), retrying", self._path, exc)
+            except (DeltaError, OSError) as exc:
+                raise DeltaSinkError(
+                    f"{self._path}: merging batch {batch_id} of {self._app_id} failed: {exc}"
+                ) from exc
         logger.info(
             "%s: batch %d of %s merged: %s inserted, %s updated",
             self._path,

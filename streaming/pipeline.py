@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Protocol, TypeAlias
 
 import pyarrow as pa
@@ -50,7 +50,10 @@ from streaming.errors import PipelineError
 from streaming.history import HistoryStep
 from streaming.job import check_checkpoint, journal_stream, start_query
 from streaming.logs import LogsStep
+from streaming.maintenance import MaintenanceSchedule
+from streaming.quality import QualitySchedule
 from streaming.quota_settings import QuotaSettings
+from streaming.schedule import IntervalSchedule
 from streaming.session import build_spark
 from streaming.settings import PipelineSettings
 from streaming.usage import UsageStep
@@ -171,44 +174,48 @@ def run(
     stop: threading.Event | None = None,
     spark: SparkSession | None = None,
     quota: QuotaSettings | None = None,
-    tick: Callable[[float], None] | None = None,
 ) -> None:
     """Run the journal query (with the quota step when ``quota`` is given).
 
     ``once``: process everything available now, then return. Otherwise run until ``stop`` is
-    set (never, without one), re-raising the query's error if it fails; ``tick`` is called with
-    ``time.monotonic()`` every :data:`POLL_SECONDS` meanwhile (scheduled work: quality,
-    maintenance). The session is built from ``settings`` and stopped at the end, unless the
-    caller passes its own ``spark`` (then the caller owns and stops it).
+    set (never, without one), re-raising the query's error if it fails; meanwhile the quality
+    suites and the table maintenance run on their schedules (``quality_interval_seconds``,
+    ``maintenance_interval_seconds``) in background threads. The session is built from
+    ``settings`` and stopped at the end, unless the caller passes its own ``spark`` (then the
+    caller owns and stops it).
     """
     session = spark if spark is not None else build_spark(settings)
     query: StreamingQuery | None = None
+    schedules: list[IntervalSchedule] = []
     try:
         query = start(session, settings, quota)
         if once:
             query.processAllAvailable()
             logger.info("%s: caught up", query.name)
         else:
-            _wait(query, stop if stop is not None else threading.Event(), tick)
+            schedules = [QualitySchedule.from_settings(settings), MaintenanceSchedule(settings)]
+            _wait(query, stop if stop is not None else threading.Event(), schedules)
     finally:
         try:
             if query is not None:
                 _stop_gracefully(query)
+            for schedule in schedules:
+                # A run in flight finishes its Delta commit before the process goes on.
+                schedule.close(timeout=STOP_GRACE_SECONDS)
         finally:
             if spark is None:
                 session.stop()
 
 
-def _wait(
-    query: StreamingQuery, stop: threading.Event, tick: Callable[[float], None] | None
-) -> None:
+def _wait(query: StreamingQuery, stop: threading.Event, schedules: list[IntervalSchedule]) -> None:
     while not stop.wait(POLL_SECONDS):
         if not query.isActive:
             # Raises the query's StreamingQueryException when it failed.
             query.awaitTermination()
             raise PipelineError(f"streaming query {query.name} stopped without an error")
-        if tick is not None:
-            tick(time.monotonic())
+        now = time.monotonic()
+        for schedule in schedules:
+            schedule.maybe_run(now)
     logger.info("stop requested, stopping %s", query.name)
 
 

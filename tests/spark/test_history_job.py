@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import textwrap
@@ -158,6 +159,10 @@ def test_a_lost_checkpoint_refuses_to_start(
 
 
 def test_long_run_stops_when_asked(edgebus_spark: SparkSession, settings: PipelineSettings) -> None:
+    # Quality and maintenance every second: both schedules must run beside the stream.
+    settings = dataclasses.replace(
+        settings, quality_interval_seconds=1.0, maintenance_interval_seconds=1.0
+    )
     expected = journal(settings, "edge-a", traffic(12))
     stop = threading.Event()
     errors: list[BaseException] = []
@@ -174,6 +179,17 @@ def test_long_run_stops_when_asked(edgebus_spark: SparkSession, settings: Pipeli
         query = wait_for_query(edgebus_spark, pipeline.JOB)
         query.processAllAvailable()
         assert_exactly_once(settings, expected)
+        quality = settings.table_path("quality_results")
+        log = settings.table_path("messages") / "_delta_log"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (
+            DeltaTable.is_deltatable(str(quality)) and any(log.glob("*.checkpoint.parquet"))
+        ):
+            time.sleep(0.5)
+        results = read_table(quality, "\"table\" = 'messages'", columns=["success"])
+        assert results.num_rows > 0
+        assert all(results.column("success").to_pylist())
+        assert any(log.glob("*.checkpoint.parquet")), "maintenance never checkpointed messages"
     finally:
         stop.set()
         runner.join(timeout=60)
