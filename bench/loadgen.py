@@ -54,6 +54,7 @@ from multiprocessing.connection import Connection
 from typing import Any, cast
 
 from bench import BenchError, wire
+from broker_edge.topics import matches as topic_matches
 
 log = logging.getLogger(__name__)
 
@@ -762,18 +763,6 @@ def _run_loop(coro: Any) -> Any:
 
 
 # --- parent side -------------------------------------------------------------------------
-
-
-def topic_matches(topic_filter: str, topic: str) -> bool:
-    """MQTT topic matching for `+` and `#` [MQTT-4.7.1]; enough for the scenarios' filters."""
-    fparts = topic_filter.split("/")
-    tparts = topic.split("/")
-    for i, part in enumerate(fparts):
-        if part == "#":
-            return True
-        if i >= len(tparts) or (part != "+" and part != tparts[i]):
-            return False
-    return len(fparts) == len(tparts)
 
 
 def _split(items: list[tuple[str, str]], procs: int) -> list[tuple[tuple[str, str], ...]]:

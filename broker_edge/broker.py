@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from broker_edge.codec import encode_publish
-from broker_edge.connection import Connection, ConnState
+from broker_edge.connection import PAUSED_BY_JOURNAL, Connection, ConnState
 from broker_edge.errors import ProtocolError
 from broker_edge.message import Message
 from broker_edge.packets import (
@@ -139,6 +139,8 @@ class Stats:
     wire_bytes_in: int = 0
     wire_bytes_out: int = 0
     sockets_opened: int = 0
+    connects: int = 0  # CONNECT packets received, refused ones too
+    sessions_expired: int = 0  # disconnected sessions dropped at the end of their expiry
     # Times a publisher's reads were paused because the journal was behind.
     reads_paused: int = 0
 
@@ -703,7 +705,7 @@ class Broker:
                 continue
             sub_ids = (subscription_id,) if subscription_id is not None else ()
             now_us = self.wall_clock_us()
-            for message in list(ns.retained.matching(topic_filter)):
+            for message in ns.retained.matching(topic_filter):
                 expiry = message.properties.message_expiry_interval
                 if expiry is not None and now_us - message.ts_us >= expiry * 1_000_000:
                     ns.retained.remove(message.topic)  # expired retained message [MQTT-3.3.2-5]
@@ -792,7 +794,7 @@ class Broker:
         if self.paused_readers and self.journal.backlog <= self.settings.max_journal_backlog // 2:
             paused, self.paused_readers = self.paused_readers, set()
             for conn in paused:
-                conn.resume_reading()
+                conn.resume(PAUSED_BY_JOURNAL)
 
     def check_keepalives(self, now: float) -> None:
         """Close connections silent for 1.5 x their keepalive [MQTT-3.1.2-24], and those that
@@ -820,6 +822,7 @@ class Broker:
                 and session.expiry_interval != SESSION_NEVER_EXPIRES
                 and now - at >= session.expiry_interval
             ):
+                self.stats.sessions_expired += 1
                 self._drop_session(session)
 
     def publish_system(self, topic: str, payload: bytes) -> None:

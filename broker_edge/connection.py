@@ -70,6 +70,13 @@ VALID_TOPIC_CACHE = 16_384
 
 CONNECT_MAX = 2**20
 
+# Why reading from a connection is paused (bits of Connection.paused_for). Reading resumes only
+# when no reason is left: a publisher slowed by its rate limit must not be resumed early because
+# the journal caught up, nor the other way round.
+PAUSED_BY_RATE = 1  # over its tenant's message rate (tenancy.take_token)
+PAUSED_BY_JOURNAL = 2  # the journal's backlog is over max_journal_backlog
+PAUSED_BY_ROUTING = 4  # packets of an earlier read still to handle (see receive)
+
 
 class ConnState(Enum):
     AWAIT_CONNECT = 1
@@ -124,6 +131,7 @@ class Connection:
         "operator",
         "out",
         "pause_reading",
+        "paused_for",
         "peer",
         "rate",
         "receive_maximum_out",
@@ -161,8 +169,10 @@ class Connection:
         self.write: Callable[[bytes], None] = _discard
         self.close_transport: Callable[[], None] = _noop
         # Set by the listener: stop / restart reading from the socket (publisher backpressure).
+        # Use pause()/resume() with a reason, never these directly.
         self.pause_reading: Callable[[], None] = _noop
         self.resume_reading: Callable[[], None] = _noop
+        self.paused_for = 0  # PAUSED_BY_* bits
         # MQTT 5 limits the client declared in CONNECT (3.1.1: none).
         self.receive_maximum_out = 65_535
         self.max_packet_out = 0  # 0: no limit
@@ -188,18 +198,28 @@ class Connection:
 
     # -- input -------------------------------------------------------------------------------
 
-    def receive(self, data: bytes, now: float) -> None:
-        """Feed bytes from the socket; raises ProtocolError when the peer broke the protocol."""
+    def receive(self, data: bytes, now: float) -> bool:
+        """Feed bytes from the socket and handle the packets they complete; raises
+        ProtocolError when the peer broke the protocol.
+
+        Stops early, returning True, once this call has routed more than the broker's
+        ``max_deliveries_per_turn`` deliveries (a burst fanned out to many subscribers): the
+        caller writes what was routed so far and calls ``receive(b"", now)`` again for the rest,
+        so subscribers see deliveries flow instead of waiting for a whole read to be routed.
+        """
         self.last_rx = now
         decoder = self.decoder
         decoder.feed(data)
         handlers = _HANDLERS
         state = self.state
         legal = _LEGAL[state]
+        broker = self.broker
+        stats = broker.stats
+        turn_ends = stats.messages_out + broker.settings.max_deliveries_per_turn
         while not self.closing:
             packet = decoder.next_packet()
             if packet is None:
-                return
+                return False
             if self.state is not state:  # a handler moved it (CONNECT)
                 state = self.state
                 legal = _LEGAL[state]
@@ -210,6 +230,25 @@ class Connection:
                     ReasonCode.PROTOCOL_ERROR,
                 )
             handlers[kind](self, packet, now)
+            if stats.messages_out > turn_ends:
+                return True
+        return False
+
+    def pause(self, reason: int) -> None:
+        """Stop reading from the socket for ``reason`` (a PAUSED_BY_* bit)."""
+        if not self.paused_for:
+            self.pause_reading()
+        self.paused_for |= reason
+
+    def resume(self, reason: int) -> None:
+        """``reason`` no longer holds; read again if no other reason to pause is left."""
+        if self.paused_for & reason:
+            self.paused_for &= ~reason
+            if not self.paused_for:
+                self.resume_reading()
+
+    def _rate_resume(self) -> None:
+        self.resume(PAUSED_BY_RATE)
 
     # -- output ------------------------------------------------------------------------------
 
@@ -292,6 +331,7 @@ class Connection:
     # -- handlers ----------------------------------------------------------------------------
 
     def _on_connect(self, packet: Connect, now: float) -> None:
+        self.broker.stats.connects += 1
         self.version = packet.protocol_version
         v5 = self.version == ProtocolVersion.MQTT_5
         client_id = packet.client_id
@@ -411,11 +451,12 @@ class Connection:
                 return
         if self.rate:
             pause = broker.tenancy.take_token(self, now)
-            if pause > 0:
+            if pause > 0 and not self.paused_for & PAUSED_BY_RATE:
                 # Over its message rate: stop reading from this client for a while (it is
-                # slowed, nothing it sent is dropped).
-                self.pause_reading()
-                self.call_later(pause, self.resume_reading)
+                # slowed, nothing it sent is dropped). Publishes later in the same read overdraw
+                # the bucket further; the read after the resume pays for them.
+                self.pause(PAUSED_BY_RATE)
+                self.call_later(pause, self._rate_resume)
         if qos != _QOS0:
             self.inbound_unacked += 1
             if (
@@ -427,12 +468,12 @@ class Connection:
         seq = broker.accept_publish(self, packet, now)
         if (
             broker.journal.backlog > broker.settings.max_journal_backlog
-            and self not in broker.paused_readers
+            and not self.paused_for & PAUSED_BY_JOURNAL
         ):
             # The journal is behind: stop reading from this publisher until it catches up,
             # rather than accept what we cannot make durable.
             broker.stats.reads_paused += 1
-            self.pause_reading()
+            self.pause(PAUSED_BY_JOURNAL)
             broker.paused_readers.add(self)
         if qos == _QOS0:
             return

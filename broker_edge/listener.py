@@ -18,7 +18,7 @@ import logging
 import typing
 
 from broker_edge.broker import Broker
-from broker_edge.connection import Connection, ConnState
+from broker_edge.connection import PAUSED_BY_ROUTING, Connection, ConnState
 from broker_edge.errors import ProtocolError
 from broker_edge.packets import ReasonCode
 from broker_edge.sysstats import PacketCounter
@@ -58,13 +58,19 @@ class MqttProtocol(asyncio.Protocol):
         transport.write(data)
 
     def data_received(self, data: bytes) -> None:
-        conn = self._conn
-        assert conn is not None
         stats = self._broker.stats
         stats.wire_bytes_in += len(data)
         stats.packets_in += self._packets.feed(data)
+        self._handle(data)
+
+    def _handle(self, data: bytes) -> None:
+        """Handle one turn of packets, write what it produced, and come back for the rest of
+        a big fan-out on a later loop iteration (reading paused meanwhile)."""
+        conn = self._conn
+        assert conn is not None
+        more = False
         try:
-            conn.receive(data, self._loop.time())
+            more = conn.receive(data, self._loop.time())
         except ProtocolError as exc:
             conn.protocol_failure(exc)
         except Exception as exc:
@@ -74,6 +80,16 @@ class MqttProtocol(asyncio.Protocol):
                 ProtocolError(repr(exc), ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
             )
         self._broker.flush_dirty()
+        if more:
+            conn.pause(PAUSED_BY_ROUTING)
+            self._loop.call_soon(self._next_turn)
+        else:
+            conn.resume(PAUSED_BY_ROUTING)
+
+    def _next_turn(self) -> None:
+        conn = self._conn
+        if conn is not None and conn.state is not ConnState.CLOSED and not conn.closing:
+            self._handle(b"")
 
     def eof_received(self) -> bool | None:
         return False  # close the transport

@@ -5,17 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from broker_edge.message import Message
-from broker_edge.trie import TopicTrie
+from broker_edge.topics import matches
 
 
 class RetainedStore:
-    """Retained messages keyed by topic; lookup by filter goes through a trie of the *topics*.
-
-    A filter is matched against stored topic names by walking a reverse structure: we keep the
-    topics in a trie keyed by the topic itself (a topic name is a filter without wildcards), then
-    for a subscription filter we test each stored topic's levels. Stores are small per tenant;
-    the walk is linear in the number of retained topics, which Mosquitto also accepts.
-    """
+    """Retained messages keyed by topic. A subscription's filter is tested against every stored
+    topic: linear in the retained topics of one tenant, which Mosquitto also accepts, and only
+    on SUBSCRIBE, never per publish."""
 
     def __init__(self) -> None:
         self._by_topic: dict[str, Message] = {}
@@ -34,12 +30,12 @@ class RetainedStore:
     def remove(self, topic: str) -> None:
         self._by_topic.pop(topic, None)
 
-    def matching(self, topic_filter: str) -> Iterator[Message]:
-        probe: TopicTrie[int, None] = TopicTrie()
-        probe.add(topic_filter, 0, None)
-        for topic, message in self._by_topic.items():
-            if probe.match(topic):
-                yield message
+    def matching(self, topic_filter: str) -> list[Message]:
+        """The retained messages whose topic ``topic_filter`` (valid) matches."""
+        if "+" not in topic_filter and "#" not in topic_filter:
+            message = self._by_topic.get(topic_filter)
+            return [] if message is None else [message]
+        return [m for topic, m in self._by_topic.items() if matches(topic_filter, topic)]
 
     def all(self) -> Iterator[Message]:
         return iter(self._by_topic.values())

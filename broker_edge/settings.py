@@ -42,6 +42,10 @@ class EdgeSettings:
     topic_alias_maximum: int = 64
     # Publishers are paused (reads stop) while this many journal records await their commit.
     max_journal_backlog: int = 200_000
+    # A read whose publishes fan out to more deliveries than this is handled in turns: what is
+    # routed so far is written and other connections are served before the rest (reading from
+    # that publisher is paused meanwhile), so a burst to many subscribers keeps flowing.
+    max_deliveries_per_turn: int = 50_000
     # Seconds between $SYS/broker/... statistics updates (Mosquitto's sys_interval); 0 disables.
     sys_interval: float = 10.0
 
@@ -99,6 +103,7 @@ class EdgeSettings:
             "max_inflight_messages",
             "write_buffer_high_water",
             "max_journal_backlog",
+            "max_deliveries_per_turn",
         ):
             value = getattr(self, key)
             _require(value >= 1, f"edge.{key}", f"must be >= 1, got {value}")

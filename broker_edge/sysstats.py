@@ -19,9 +19,13 @@ unchanged:
   slow decay unpublished; comparing the text is the same rule as every other topic).
 * ``clients/maximum`` is the highest ``clients/total`` seen at a sample: like Mosquitto's, it is
   only computed when the tree is updated, so short-lived clients may be missed.
-* ``store/messages/count`` is the deliveries held for sessions (queued plus in flight). Mosquitto
+* ``store/messages/count`` (and its older name ``messages/stored``) is the deliveries held for
+  sessions (queued plus in flight), ``store/messages/bytes`` their payload bytes. Mosquitto
   counts its deduplicated message store instead, which also holds retained messages; those are
   in ``retained messages/count`` here.
+* ``load/connections/...`` averages CONNECT packets received, refused ones included (Mosquitto
+  counts every CONNECT it handles); ``clients/expired`` counts disconnected sessions dropped
+  because their session expiry interval ended (Mosquitto: ``persistent_client_expiration``).
 
 Not journaled. ``$SYS`` values are derived from counters and regenerated every interval, and
 Mosquitto does not persist them either; the journal is the record of what clients published, for
@@ -64,6 +68,7 @@ LOADS: tuple[tuple[str, str], ...] = (
     ("bytes/received", "bytes_received"),
     ("bytes/sent", "bytes_sent"),
     ("sockets", "sockets"),
+    ("connections", "connects"),
 )
 
 # $SYS/broker/<topic> carries Sample.<field> as a decimal integer.
@@ -71,6 +76,7 @@ GAUGES: tuple[tuple[str, str], ...] = (
     ("clients/connected", "clients_connected"),
     ("clients/disconnected", "clients_disconnected"),
     ("clients/total", "clients_total"),
+    ("clients/expired", "clients_expired"),
     ("messages/received", "messages_received"),
     ("messages/sent", "messages_sent"),
     ("messages/inflight", "messages_inflight"),
@@ -84,6 +90,8 @@ GAUGES: tuple[tuple[str, str], ...] = (
     ("retained messages/count", "retained_count"),
     ("subscriptions/count", "subscriptions_count"),
     ("store/messages/count", "store_count"),
+    ("store/messages/bytes", "store_bytes"),
+    ("messages/stored", "store_count"),  # Mosquitto's older name of store/messages/count
 )
 
 
@@ -105,9 +113,12 @@ class Sample:
     publish_bytes_received: int = 0  # payload bytes
     publish_bytes_sent: int = 0
     sockets: int = 0  # TCP connections accepted
+    connects: int = 0  # CONNECT packets received (accepted or refused)
+    clients_expired: int = 0  # disconnected sessions dropped when their expiry interval ended
     retained_count: int = 0
     subscriptions_count: int = 0
     store_count: int = 0  # deliveries held for sessions: queued plus in flight
+    store_bytes: int = 0  # their payload bytes
 
     @property
     def clients_disconnected(self) -> int:
@@ -117,10 +128,12 @@ class Sample:
 def sample(broker: Broker, uptime: int) -> Sample:
     """Read ``broker``'s counters and sizes. Linear in sessions (queue and window sizes)."""
     stats = broker.stats
-    inflight = queued = 0
+    inflight = queued = held_bytes = 0
     for session in broker.sessions.values():
         inflight += len(session.inflight)
         queued += len(session.queue)
+        held_bytes += session.queued_bytes
+        held_bytes += sum(len(out.message.payload) for out in session.inflight.values())
     namespaces = broker.namespaces.values()
     return Sample(
         uptime=uptime,
@@ -137,9 +150,12 @@ def sample(broker: Broker, uptime: int) -> Sample:
         publish_bytes_received=stats.bytes_in,
         publish_bytes_sent=stats.bytes_out,
         sockets=stats.sockets_opened,
+        connects=stats.connects,
+        clients_expired=stats.sessions_expired,
         retained_count=sum(len(ns.retained) for ns in namespaces),
         subscriptions_count=sum(len(ns.subscriptions) for ns in namespaces),
         store_count=inflight + queued,
+        store_bytes=held_bytes,
     )
 
 

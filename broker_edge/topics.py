@@ -5,7 +5,8 @@ wildcards) and a *topic filter* (what a SUBSCRIBE asks for; may contain ``+`` an
 are checked once, where they enter, by ``validate_topic_name`` / ``validate_topic_filter``,
 which return the same string so the hot path can keep passing plain ``str`` around. The frozen
 value objects ``TopicName`` and ``TopicFilter`` wrap the same checks for code that wants the
-distinction in its types. Matching lives in ``broker_edge.trie``, not here.
+distinction in its types. ``matches`` tests one filter against one name (the retained store
+walks its topics with it); matching a name against many filters at once is ``broker_edge.trie``.
 """
 
 from __future__ import annotations
@@ -80,6 +81,25 @@ def validate_topic_filter(s: str) -> str:
             # [MQTT-4.7.1-3] '+' occupies a whole level on its own.
             raise InvalidTopic(f"'+' shares a level in topic filter {s!r}", reason)
     return s
+
+
+def matches(topic_filter: str, topic: str) -> bool:
+    """Whether a valid ``topic_filter`` matches a valid topic name (MQTT 5.0 section 4.7)."""
+    if topic_filter == topic:
+        return True  # the common case: no wildcards (a topic name has none)
+    if "+" not in topic_filter and "#" not in topic_filter:
+        return False
+    if topic[:1] == "$" and topic_filter[:1] in ("+", "#"):
+        return False  # wildcards never match a first level starting with '$' [MQTT-4.7.2-1]
+    flevels = topic_filter.split("/")
+    tlevels = topic.split("/")
+    for i, flevel in enumerate(flevels):
+        if flevel == "#":
+            # The parent level and any number of child levels [MQTT-4.7.1-2].
+            return True
+        if i >= len(tlevels) or (flevel != "+" and flevel != tlevels[i]):
+            return False  # '+' matches exactly one level, an empty one too [MQTT-4.7.1-3]
+    return len(flevels) == len(tlevels)
 
 
 def _levels(s: str) -> tuple[str, ...]:

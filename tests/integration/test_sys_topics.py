@@ -8,7 +8,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+import paho.mqtt.client as mqtt
 import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from broker_edge.settings import EdgeSettings
 
@@ -73,6 +76,40 @@ def test_sys_subscriber_sees_clients_traffic_and_uptime(connect):
 
     pub.close()
     view.wait(SYS + "clients/connected", lambda p: p == b"1")
+
+
+def test_sys_store_expired_clients_and_connection_load(connect, edge):
+    watcher = connect()
+    watcher.subscribe(SYS + "#")
+    view = SysView(watcher)
+    view.wait(SYS + "store/messages/count", lambda p: p == b"0")
+    offline = connect("offline", clean_session=False)
+    offline.subscribe("q/#", qos=1)
+    offline.close()
+    pub = connect()
+    pub.publish("q/1", b"12345", qos=1)
+    pub.publish("q/2", b"678", qos=1)
+    # Held for the offline session (or in flight to a connection that is going away).
+    view.wait(SYS + "store/messages/count", lambda p: p == b"2")
+    view.wait(SYS + "store/messages/bytes", lambda p: p == b"8")
+    view.wait(SYS + "messages/stored", lambda p: p == b"2")
+    view.wait(SYS + "load/connections/1min", lambda p: float(p) > 0)
+    assert view.latest[SYS + "clients/expired"] == b"0"
+
+    # An MQTT 5 session that expires one second after its client leaves.
+    expiring = mqtt.Client(
+        mqtt.CallbackAPIVersion.VERSION2, client_id="expiring", protocol=mqtt.MQTTv5
+    )
+    connected: queue.Queue[Any] = queue.Queue()
+    expiring.on_connect = lambda c, u, flags, rc, props: connected.put(rc)
+    props = Properties(PacketTypes.CONNECT)
+    props.SessionExpiryInterval = 1
+    expiring.connect("127.0.0.1", edge.port, clean_start=False, properties=props)
+    expiring.loop_start()
+    assert not connected.get(timeout=TIMEOUT).is_failure
+    expiring.disconnect()
+    expiring.loop_stop()
+    view.wait(SYS + "clients/expired", lambda p: p == b"1")
 
 
 def test_hash_subscriber_gets_no_sys_topics(connect):

@@ -1,4 +1,5 @@
-"""The topic trie against a brute-force matcher, and validation totality properties."""
+"""The topic trie and the one-filter matcher against a brute-force matcher, and validation
+totality properties."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 from broker_edge.packets import ReasonCode
 from broker_edge.topics import (
     InvalidTopic,
+    matches,
     parse_subscription_filter,
     validate_topic_filter,
     validate_topic_name,
@@ -81,11 +83,12 @@ def test_trie_agrees_with_reference_under_interleaved_add_remove(
     assert trie.node_count() == 0
 
 
-@given(f=filters(), topic=topics)
+@given(f=st.one_of(filters(), topics), topic=topics)
 def test_single_filter_agrees_with_reference(f: str, topic: str) -> None:
     trie: TopicTrie[str, None] = TopicTrie(cache_size=0)
     trie.add(f, "k", None)
     assert bool(trie.match(topic)) is reference_matches(f, topic)
+    assert matches(f, topic) is reference_matches(f, topic)  # the one-filter matcher too
 
 
 @given(topic=topics)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 import pytest
@@ -220,3 +221,143 @@ def test_connection_without_connect_is_closed_after_the_timeout(broker):
     assert not peer.closed
     broker.check_keepalives(now=broker.settings.connect_timeout + 1)
     assert peer.closed
+
+
+class Reading:
+    """A connection's socket reading state, driven by pause_reading/resume_reading, and the
+    timers the connection set (run by hand: no clock)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.paused = False
+        self.timers: list[tuple[float, Callable[[], None]]] = []
+        conn.pause_reading = self._pause
+        conn.resume_reading = self._resume
+        conn.call_later = lambda delay, callback: self.timers.append((delay, callback))
+
+    def _pause(self) -> None:
+        self.paused = True
+
+    def _resume(self) -> None:
+        self.paused = False
+
+    def fire_timers(self) -> None:
+        timers, self.timers = self.timers, []
+        for _, callback in timers:
+            callback()
+
+
+def rate_limited_publisher(journal: FakeJournal) -> tuple[Broker, Peer, Reading]:
+    """A publisher allowed 1 message a second (a bucket of 1) on an edge whose journal pauses
+    publishers above 2 records behind."""
+    broker = Broker(
+        EdgeSettings(node_id="unit", max_journal_backlog=2), journal, wall_clock_us=lambda: 1
+    )
+    peer = connected(broker, "limited", ProtocolVersion.MQTT_3_1_1)
+    journal.make_durable()  # the connect log event
+    peer.conn.rate = peer.conn.bucket = 1.0
+    return broker, peer, Reading(peer.conn)
+
+
+def publish_three(peer: Peer) -> None:
+    """Three QoS 1 publishes in one read at t=0: over the rate and over the journal backlog."""
+    version = ProtocolVersion.MQTT_3_1_1
+    peer.conn.receive(
+        b"".join(
+            encode(Publish(topic="t", payload=b"x", qos=QoS.AT_LEAST_ONCE, packet_id=i), version)
+            for i in (1, 2, 3)
+        ),
+        0.0,
+    )
+
+
+def test_journal_catching_up_does_not_resume_a_rate_limited_publisher(journal):
+    broker, peer, reading = rate_limited_publisher(journal)
+    publish_three(peer)
+    assert reading.paused
+    assert len(reading.timers) == 1  # one rate pause per pause, however overdrawn
+    journal.make_durable()
+    broker.after_commit()  # the journal caught up ...
+    assert reading.paused  # ... but the rate limit still holds
+    reading.fire_timers()
+    assert not reading.paused
+
+
+def test_rate_pause_ending_does_not_resume_a_publisher_the_journal_holds(journal):
+    broker, peer, reading = rate_limited_publisher(journal)
+    publish_three(peer)
+    reading.fire_timers()  # the rate pause ends ...
+    assert reading.paused  # ... but the journal is still 3 records behind
+    journal.make_durable()
+    broker.after_commit()
+    assert not reading.paused
+    assert [p.packet_id for p in peer.replies()] == [1, 2, 3]  # type: ignore[union-attr]
+
+
+class FakeTransport:
+    """What MqttProtocol uses of an asyncio transport: writes kept, reading state recorded."""
+
+    def __init__(self, n: int) -> None:
+        self.written: list[bytes] = []
+        self.reading = True
+        self.n = n
+
+    def get_extra_info(self, name: str) -> tuple[str, int]:
+        assert name == "peername"
+        return ("127.0.0.1", self.n)
+
+    def set_write_buffer_limits(self, high: int, low: int) -> None:
+        del high, low
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def close(self) -> None:
+        pass
+
+    def publishes(self) -> list[bytes]:
+        decoder = Decoder(protocol_version=ProtocolVersion.MQTT_3_1_1)
+        decoder.feed(b"".join(self.written))
+        return [p.payload for p in decoder.packets() if isinstance(p, Publish)]
+
+
+def test_a_burst_to_many_subscribers_is_routed_in_turns_with_writes_between(journal):
+    from broker_edge.listener import MqttProtocol
+
+    version = ProtocolVersion.MQTT_3_1_1
+    loop = asyncio.new_event_loop()
+    try:
+        # 3 subscribers, at most 4 deliveries a turn: a publish (3 deliveries) fits in a turn,
+        # the second one ends it.
+        settings = EdgeSettings(node_id="unit", max_deliveries_per_turn=4)
+        broker = Broker(settings, journal, wall_clock_us=lambda: 1)
+        transports = []
+        for n in range(4):
+            transport = FakeTransport(n)
+            protocol = MqttProtocol(broker, loop)
+            protocol.connection_made(transport)  # type: ignore[arg-type]
+            protocol.data_received(encode(Connect(client_id=f"c{n}"), version))
+            if n < 3:
+                protocol.data_received(
+                    encode(Subscribe(packet_id=1, subscriptions=(Subscription("burst"),)), version)
+                )
+            transports.append(transport)
+        *subscribers, publisher = transports
+        burst = [b"%d" % i for i in range(5)]
+        protocol.data_received(
+            b"".join(encode(Publish(topic="burst", payload=p), version) for p in burst)
+        )
+        # The first turn's deliveries are written before the rest of the read is routed, and
+        # the publisher is not read from meanwhile.
+        assert [s.publishes() for s in subscribers] == [burst[:2]] * 3
+        assert not publisher.reading
+        loop.run_until_complete(asyncio.sleep(0))  # the next turns run on the loop
+        assert [s.publishes() for s in subscribers] == [burst] * 3
+        assert publisher.reading
+    finally:
+        loop.close()

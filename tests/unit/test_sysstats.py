@@ -98,9 +98,12 @@ def test_first_update_publishes_every_topic_with_mosquitto_names() -> None:
         publish_bytes_received=400,
         publish_bytes_sent=350,
         sockets=6,
+        connects=7,
+        clients_expired=4,
         retained_count=7,
         subscriptions_count=8,
         store_count=9,
+        store_bytes=640,
     )
     out = as_dict(SysTree("edgebus 0.1.0").update(now, at=0.0))
     expected = {
@@ -110,6 +113,7 @@ def test_first_update_publishes_every_topic_with_mosquitto_names() -> None:
         "clients/disconnected": b"2",
         "clients/total": b"5",
         "clients/maximum": b"5",
+        "clients/expired": b"4",
         "messages/received": b"100",
         "messages/sent": b"90",
         "messages/inflight": b"2",
@@ -123,6 +127,8 @@ def test_first_update_publishes_every_topic_with_mosquitto_names() -> None:
         "retained messages/count": b"7",
         "subscriptions/count": b"8",
         "store/messages/count": b"9",
+        "store/messages/bytes": b"640",
+        "messages/stored": b"9",
     }
     for topic, payload in expected.items():
         assert out.pop(P + topic) == payload, topic
@@ -131,6 +137,7 @@ def test_first_update_publishes_every_topic_with_mosquitto_names() -> None:
     assert out == dict.fromkeys(loads, b"0.00")
     assert P + "load/messages/received/1min" in out
     assert P + "load/sockets/15min" in out
+    assert P + "load/connections/5min" in out
 
 
 def test_only_changed_values_are_published_again_and_uptime_always() -> None:
@@ -269,6 +276,8 @@ def test_sample_reads_sessions_subscriptions_retained_and_stats() -> None:
     assert (now.publish_received, now.publish_bytes_received) == (2, 9)
     assert (now.publish_sent, now.publish_bytes_sent) == (2, 9)
     assert now.messages_inflight == now.store_count == 1  # the QoS 1 delivery awaits PUBACK
+    assert now.store_bytes == 5  # its payload
+    assert now.connects == 2
     assert now.messages_received == 11
     # CONNACK x2, SUBACK, two PUBLISHes (no PUBACK: the fake journal is never durable).
     assert now.messages_sent == broker.stats.packets_out == 5
@@ -276,6 +285,25 @@ def test_sample_reads_sessions_subscriptions_retained_and_stats() -> None:
     broker.connection_lost(sub.conn, now=1.0)
     later = sample(broker, uptime=6)
     assert (later.clients_connected, later.clients_total, later.clients_disconnected) == (1, 2, 1)
+
+
+def test_sample_counts_queued_bytes_and_expired_sessions() -> None:
+    broker = _broker()
+    sub = Peer(broker, "sub", clean=False)
+    sub.send(Subscribe(packet_id=1, subscriptions=(Subscription("a/#", QoS.AT_LEAST_ONCE),)))
+    broker.sessions[(sub.conn.tenant, "sub")].expiry_interval = 10
+    broker.connection_lost(sub.conn, now=1.0)
+    pub = Peer(broker, "pub")
+    for payload in (b"123", b"4567"):  # queued for the offline session
+        pub.send(Publish(topic="a/q", payload=payload, qos=QoS.AT_LEAST_ONCE, packet_id=3))
+    now = sample(broker, uptime=5)
+    assert (now.store_count, now.store_bytes, now.clients_expired) == (2, 7, 0)
+    broker.expire_sessions(now=10.9)
+    assert sample(broker, uptime=6).clients_expired == 0  # not yet
+    broker.expire_sessions(now=11.0)
+    later = sample(broker, uptime=7)
+    assert (later.store_count, later.store_bytes, later.clients_expired) == (0, 0, 1)
+    assert (later.clients_total, later.connects) == (1, 2)
 
 
 def test_publish_system_retains_and_routes_without_the_journal() -> None:

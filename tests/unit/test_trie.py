@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from broker_edge import topics
 from broker_edge.topics import InvalidTopic
 from broker_edge.trie import TopicTrie
 
@@ -75,6 +76,7 @@ SPEC_CASES = [
 @pytest.mark.parametrize(("topic_filter", "topic", "expected"), SPEC_CASES)
 def test_spec_examples(topic_filter: str, topic: str, expected: bool) -> None:
     assert matches(topic_filter, topic) is expected
+    assert topics.matches(topic_filter, topic) is expected  # the one-filter matcher agrees
 
 
 def test_match_reports_every_matching_filter_once() -> None:
