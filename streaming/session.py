@@ -42,3 +42,24 @@ def build_spark(settings: PipelineSettings) -> SparkSession:
     spark.sparkContext.setLogLevel("WARN")
     source.register(spark)
     return spark
+
+
+def stop_spark(spark: SparkSession) -> None:
+    """Stop ``spark`` and end the JVM that pyspark started for it.
+
+    ``spark.stop()`` keeps the JVM for a next session; a script that exits ends it anyway (the
+    JVM exits when its stdin closes), but a Jupyter kernel does not exit while it runs: a
+    notebook ending with a plain ``stop()`` takes its kernel a SIGTERM to shut down. Closing
+    the JVM's stdin is pyspark's own way of telling it to go. A later session starts a new one.
+    """
+    from pyspark import SparkContext
+
+    spark.stop()
+    gateway = SparkContext._gateway
+    process = getattr(gateway, "proc", None)  # None: a JVM pyspark did not launch
+    if process is None:
+        return
+    process.stdin.close()
+    process.wait(timeout=60)
+    SparkContext._gateway = None
+    SparkContext._jvm = None

@@ -1,0 +1,316 @@
+"""A small demo lake, made by the real pipeline, for the analyst notebooks and their test.
+
+    python -m edgebus.demo_lake --data-dir demo/data --lake demo/lake
+    EDGEBUS_LAKE=demo/lake jupyter-execute notebooks/fleet_history.ipynb --output=/tmp/fleet.ipynb
+
+Fifteen minutes of one edge node's journal, ending now (before midnight UTC, so it is one
+day): two tenants' vehicles publishing telemetry and status, dashboards subscribed, and the
+edge's own log events (``broker_edge.plim.log_event``) and counters
+(``broker_edge.plim.counter_messages``), journaled as an edge does. Then :func:`build` runs the
+pipeline (every job and the quota step) once per five-minute phase, so the tables have several
+versions and tenant ``acme``'s quota goes ``warn`` (run 1: 80 % of its limit), ``blocked``
+(run 2: past it; the edge refuses acme from then on) and ``cleared`` (run 3, after its limit
+was raised). The quota step's clock is the end of each phase.
+
+:class:`DemoLake` says what was written, so a test can compare what the notebooks read with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import sys
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, date, datetime, time, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from ingest.journal import JournalWriter
+
+NODE = "edge-demo"
+DASHBOARD = "dashboard"
+FLEETS: Mapping[str, tuple[str, ...]] = {
+    "acme": ("veh-01", "veh-02", "veh-03", "veh-04"),
+    "globex": ("veh-11", "veh-12"),
+}
+LIMITED = "acme"
+# acme's messages_per_day: a phase is 4 vehicles x (20 telemetry + 5 status) = 100 messages,
+# 83 % of 120 after run 1 (warn), 167 % after run 2 (blocked); 20 % of 1000 (cleared).
+FIRST_LIMIT = 120
+RAISED_LIMIT = 1000
+PHASES = 3
+PHASE = timedelta(minutes=5)
+TICK = timedelta(seconds=5)
+TELEMETRY_EVERY = 3  # ticks
+STATUS_EVERY = 12
+COUNTERS_EVERY = 2
+
+
+@dataclass(frozen=True, slots=True)
+class DemoLake:
+    """What :func:`build` journaled, and the ``messages`` table's version after each run."""
+
+    lake: Path
+    day: date  # the UTC day of every record
+    messages_versions: tuple[int, ...]
+    messages_per_run: Mapping[str, tuple[int, ...]]  # tenant -> device publishes of each run
+    messages_per_vehicle: Mapping[str, Mapping[str, int]]  # tenant -> vehicle -> publishes
+    log_events: Mapping[str, Mapping[str, int]]  # tenant -> event type -> events
+
+    def summary(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["lake"] = str(self.lake)
+        doc["day"] = self.day.isoformat()
+        return doc
+
+
+@dataclass
+class _Edge:
+    """Journals what one edge node would: device publishes, log events and counters."""
+
+    writer: JournalWriter
+    # Demo values, the same in every build; nothing secret.
+    rng: random.Random = field(default_factory=lambda: random.Random(7))  # noqa: S311
+    totals: dict[str, dict[str, int]] = field(default_factory=dict)
+    previous: dict[str, dict[str, int]] = field(default_factory=dict)
+    published: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
+    logged: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
+
+    def usage(self, tenant: str) -> dict[str, int]:
+        # Every metric the edge reports starts at 0, whichever counter_messages asks for.
+        return self.totals.setdefault(tenant, defaultdict(int))
+
+    def publish(self, at: datetime, tenant: str, vehicle: str, kind: str) -> None:
+        doc: dict[str, Any] = {"vehicle": vehicle, "ts": at.isoformat(timespec="seconds")}
+        if kind == "telemetry":
+            doc |= {
+                "speed_kmh": round(self.rng.uniform(0, 110), 1),
+                "lat": round(48.1 + self.rng.uniform(-0.05, 0.05), 5),
+                "lon": round(11.5 + self.rng.uniform(-0.05, 0.05), 5),
+                "fuel_pct": round(self.rng.uniform(10, 100), 1),
+            }
+        else:
+            doc |= {"engine": self.rng.choice(["on", "idle"]), "doors": "locked"}
+        payload = json.dumps(doc, separators=(",", ":")).encode()
+        self.writer.append(
+            ts_us=_us(at),
+            tenant=tenant,
+            client_id=vehicle,
+            topic=f"fleet/{vehicle}/{kind}",
+            qos=1,
+            retain=False,
+            payload=payload,
+            content_type="application/json",
+        )
+        self.published[tenant][vehicle] += 1
+        usage = self.usage(tenant)
+        usage["messages_in"] += 1
+        usage["bytes_in"] += len(payload)
+        if kind == "telemetry":  # the tenant's dashboard subscribes to fleet/+/telemetry
+            usage["messages_out"] += 1
+            usage["bytes_out"] += len(payload)
+
+    def log(
+        self, at: datetime, tenant: str, event: str, client_id: str, details: dict[str, Any]
+    ) -> None:
+        from broker_edge.plim import log_event
+
+        origin = "quota" if event.startswith("quota_") else "mqtt"
+        topic, payload = log_event(
+            ts_us=_us(at),
+            node=NODE,
+            tenant=tenant,
+            client_id=client_id,
+            origin=origin,
+            event=event,
+            details=details,
+        )
+        self._internal(at, tenant, topic, payload)
+        self.logged[tenant][event] += 1
+
+    def connect(self, at: datetime, tenant: str, client_id: str) -> None:
+        self.usage(tenant)["sessions"] += 1
+        details = {"peer": "127.0.0.1", "protocol": 5, "clean_start": True, "keepalive": 60}
+        self.log(at, tenant, "connect", client_id, details)
+
+    def disconnect(self, at: datetime, tenant: str, client_id: str) -> None:
+        self.usage(tenant)["sessions"] -= 1
+        self.log(at, tenant, "disconnect", client_id, {"reason": "normal"})
+
+    def counters(self, start: datetime, end: datetime) -> None:
+        from broker_edge.plim import counter_messages
+
+        for tenant in sorted(self.totals):
+            totals = defaultdict(int, self.totals[tenant])
+            for topic, payload in counter_messages(
+                node=NODE,
+                tenant=tenant,
+                totals=totals,
+                previous=self.previous.get(tenant, {}),
+                start_us=_us(start),
+                end_us=_us(end),
+            ):
+                self._internal(end, tenant, topic, payload)
+            self.previous[tenant] = totals
+
+    def _internal(self, at: datetime, tenant: str, topic: str, payload: bytes) -> None:
+        self.writer.append(
+            ts_us=_us(at),
+            tenant=tenant,
+            client_id="$edge",  # broker_edge.tenancy.EDGE_CLIENT_ID
+            topic=topic,
+            qos=0,
+            retain=False,
+            payload=payload,
+        )
+
+
+def _us(at: datetime) -> int:
+    return int(at.timestamp() * 1_000_000)
+
+
+def _journal_phase(edge: _Edge, phase: int, start: datetime) -> dict[str, int]:
+    """One phase of traffic from ``start``; each tenant's device publishes journaled."""
+    before = {tenant: edge.published[tenant].total() for tenant in FLEETS}
+    if phase == 0:
+        for tenant, vehicles in FLEETS.items():
+            for client in (DASHBOARD, *vehicles):
+                edge.connect(start, tenant, client)
+            edge.usage(tenant)["subscriptions"] = 1
+            edge.log(start, tenant, "subscribe", DASHBOARD, {"filters": ["fleet/+/telemetry"]})
+    elif phase == 1:  # the edge applied run 1's decision
+        edge.log(start, LIMITED, "quota_warn", "", _decision(edge, start))
+    elif phase == 2:  # run 2's: acme is refused from now on
+        edge.log(start, LIMITED, "quota_blocked", "", _decision(edge, start))
+        for vehicle in FLEETS[LIMITED][2:]:
+            edge.disconnect(start, LIMITED, vehicle)
+    ticks = PHASE // TICK
+    for tick in range(ticks):
+        at = start + tick * TICK
+        for tenant, vehicles in FLEETS.items():
+            if phase == 2 and tenant == LIMITED:
+                continue  # blocked
+            for vehicle in vehicles:
+                if tick % TELEMETRY_EVERY == 0:
+                    edge.publish(at, tenant, vehicle, "telemetry")
+                if tick % STATUS_EVERY == 0:
+                    edge.publish(at, tenant, vehicle, "status")
+        if tick % COUNTERS_EVERY == COUNTERS_EVERY - 1:
+            edge.counters(at - (COUNTERS_EVERY - 1) * TICK, at + TICK)
+    edge.writer.flush()
+    return {tenant: edge.published[tenant].total() - before[tenant] for tenant in FLEETS}
+
+
+def _decision(edge: _Edge, decided_at: datetime) -> dict[str, Any]:
+    """The details of a quota log event: the decision the edge applied (as the edge logs it)."""
+    return {
+        "metric": "messages_per_day",
+        "limit": FIRST_LIMIT,
+        "value": edge.published[LIMITED].total(),
+        "decided_at": decided_at.isoformat(timespec="milliseconds"),
+    }
+
+
+def span_end(now: datetime) -> datetime:
+    """When the demo's records end: ``now``, or just before midnight if they would straddle it."""
+    if (now - PHASES * PHASE).date() != now.date():
+        return datetime.combine(now.date(), time(), UTC) - timedelta(seconds=1)
+    return now
+
+
+def build(
+    data_dir: Path,
+    lake: Path,
+    *,
+    now: datetime | None = None,
+    spark: SparkSession | None = None,
+) -> DemoLake:
+    """Journal the demo under ``data_dir`` and run the pipeline into ``lake``, once per phase.
+
+    ``spark``: a session to use (the caller stops it); by default one is built and stopped.
+    """
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from deltalake import DeltaTable
+
+    from ingest import source
+    from ingest.journal import JournalWriter
+    from streaming import pipeline
+    from streaming.quota_settings import QuotaSettings, TenantLimits
+    from streaming.session import build_spark
+    from streaming.settings import PipelineSettings
+
+    settings = PipelineSettings(
+        data_dir=data_dir, lake=lake, master="local[2]", shuffle_partitions=2, driver_memory="1g"
+    )
+    end = span_end(now if now is not None else datetime.now(UTC))
+    start = end - PHASES * PHASE
+    limits = {LIMITED: TenantLimits(messages_per_day=FIRST_LIMIT), "globex": TenantLimits()}
+    decided_at = [start]
+    quota = QuotaSettings(
+        load_limits=lambda: dict(limits),
+        operator_token="demo",  # noqa: S106 (no broker: decisions are only recorded)
+        clock=lambda: decided_at[0],
+    )
+    if spark is None:
+        session = build_spark(settings)  # registers the edgebus source
+    else:
+        session = spark
+        source.register(session)
+    per_run: list[dict[str, int]] = []
+    versions: list[int] = []
+    try:
+        with JournalWriter.open(settings.journal_root, NODE, fsync=False) as writer:
+            edge = _Edge(writer)
+            for phase in range(PHASES):
+                if phase == PHASES - 1:
+                    limits[LIMITED] = TenantLimits(messages_per_day=RAISED_LIMIT)
+                per_run.append(_journal_phase(edge, phase, start + phase * PHASE))
+                decided_at[0] = start + (phase + 1) * PHASE
+                pipeline.run(settings, once=True, spark=session, quota=quota)
+                versions.append(DeltaTable(str(settings.table_path("messages"))).version())
+    finally:
+        if spark is None:
+            session.stop()
+    return DemoLake(
+        lake=lake,
+        day=start.date(),
+        messages_versions=tuple(versions),
+        messages_per_run={tenant: tuple(run[tenant] for run in per_run) for tenant in FLEETS},
+        messages_per_vehicle=_plain(edge.published),
+        log_events=_plain(edge.logged),
+    )
+
+
+def _plain(counts: Mapping[str, Counter[str]]) -> dict[str, dict[str, int]]:
+    return {tenant: dict(sorted(counts[tenant].items())) for tenant in sorted(counts)}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m edgebus.demo_lake``: build it; the summary as JSON on stdout."""
+    parser = argparse.ArgumentParser(
+        prog="python -m edgebus.demo_lake",
+        description="Build a small demo lake with the real pipeline, for the notebooks.",
+    )
+    parser.add_argument("--data-dir", type=Path, required=True, help="where the journal goes")
+    parser.add_argument("--lake", type=Path, required=True, help="where the Delta tables go")
+    args = parser.parse_args(argv)
+    for path in (args.data_dir, args.lake):
+        if path.exists() and any(path.iterdir()):
+            parser.error(f"{path} is not empty: the demo starts from nothing")
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    demo = build(args.data_dir, args.lake)
+    print(json.dumps(demo.summary()))
+    print(f"demo lake ready: EDGEBUS_LAKE={args.lake} for the notebooks", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
