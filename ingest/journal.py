@@ -19,10 +19,11 @@ Writing is split in three so the asyncio broker never blocks on the disk:
 
 * ``append()`` (event-loop thread) assigns the next seq and adds the record's fields to one
   flat Python list. Nothing is durable yet.
-* ``drain()`` (event-loop thread) swaps the list out as a :class:`PendingFrame`.
+* ``drain()`` swaps the list out as a :class:`PendingFrame`: in the appending thread, or in
+  another one that holds the same lock as every ``append`` (the broker's commit thread).
 * ``commit(frame)`` (one worker thread, frames in drain order) encodes the batch, writes the
-  whole frame with one ``os.write``, fsyncs, and only then advances ``durable_seq``. The broker
-  acknowledges a QoS 1/2 publish once ``durable_seq`` reaches its seq.
+  whole frame with one ``os.write``, fdatasyncs, and only then advances ``durable_seq``. The
+  broker acknowledges a QoS 1/2 publish once ``durable_seq`` reaches its seq.
 
 ``append``/``drain`` touch only the in-memory buffer and ``commit`` touches only the file, so the
 two sides need no lock.
@@ -477,7 +478,9 @@ class JournalWriter:
             assert self._fd is not None
             self._write_all(data)
             if self._fsync:
-                os.fsync(self._fd)
+                # fdatasync: the data and the file size (what reading it back needs), not the
+                # timestamps; the segment's name was made durable when it was created (_roll).
+                _datasync(self._fd)
         except OSError as exc:
             # After a failed write or fsync the file state is unknown (and a failed fsync may
             # have dropped dirty pages): stop, let open() recover.
@@ -529,6 +532,9 @@ class JournalWriter:
             os.fsync(fd)
             _fsync_dir(self._dir)
         self._size = len(FILE_HEADER)
+
+
+_datasync = getattr(os, "fdatasync", os.fsync)  # fdatasync is POSIX, not on macOS
 
 
 def encode_frame(batch: pa.RecordBatch, first_seq: int) -> bytearray:
