@@ -31,8 +31,10 @@ class EdgeSettings:
     max_keepalive: int = 65_535
     # A connection that has not completed CONNECT within this many seconds is closed.
     connect_timeout: float = 10.0
-    # Per-tenant usage published on $counters/{metric} every this many seconds (>= 1).
-    counter_interval: float = 10.0
+    # Per-tenant usage published on $counters/{metric} every this many seconds (>= 1). The
+    # pipeline decides quotas on these: waiting for the next one is most of the quota reaction
+    # time (BENCHMARKS.md, quota reaction p50: 4.9 s at 10 s, 2.3 s at 2 s; target 3 s).
+    counter_interval: float = 2.0
     # Per-session delivery bounds (slow subscribers never grow memory without bound).
     max_queued_messages: int = 1_000
     max_queued_bytes: int = 16 * 2**20
