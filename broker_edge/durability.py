@@ -168,17 +168,21 @@ class GroupCommitter:
         self.on_commit()
 
     def _thread_done(self) -> None:
-        self._report()
-        if self._stopped is not None and not self._stopped.done():
-            self._stopped.set_result(None)
+        try:
+            self._report()
+        finally:  # close() waits for this, whatever the last report did
+            if self._stopped is not None and not self._stopped.done():
+                self._stopped.set_result(None)
 
     def _thread_failed(self, exc: BaseException) -> None:
         # Nothing after the last durable seq may be acknowledged: stop the node loudly.
-        self._report()
         log.critical("journal commit failed: %s", exc)
         self.failure = exc
-        if self._stopped is not None and not self._stopped.done():
-            self._stopped.set_exception(exc)
+        try:
+            self._report()
+        finally:
+            if self._stopped is not None and not self._stopped.done():
+                self._stopped.set_exception(exc)
 
     async def close(self) -> None:
         """Commit what is buffered, then stop the thread and close the journal. Records

@@ -47,7 +47,7 @@ class EdgeSettings:
     # A read whose publishes fan out to more deliveries than this is handled in turns: what is
     # routed so far is written and other connections are served before the rest (reading from
     # that publisher is paused meanwhile), so a burst to many subscribers keeps flowing.
-    max_deliveries_per_turn: int = 50_000
+    max_deliveries_per_turn: int = 200_000
     # Seconds between $SYS/broker/... statistics updates (Mosquitto's sys_interval); 0 disables.
     sys_interval: float = 10.0
 
