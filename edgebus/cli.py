@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import signal
@@ -14,7 +15,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from broker_edge.errors import ConfigError
 from edgebus import logs_cli, quality_cli, usage_cli
@@ -160,7 +161,16 @@ def _pipeline_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def _pipeline(args: argparse.Namespace) -> int:
     settings = load_pipeline(args.config, _pipeline_overrides(args))
-    # Before anything slow: SIGHUP (`edgebus run` forwards it) must never kill the pipeline.
+    # Before anything slow (imports, Spark): a signal during start-up stops the pipeline
+    # cleanly (`edgebus run` forwards SIGTERM and SIGHUP as soon as it gets them).
+    stop = threading.Event()
+
+    def _on_signal(signum: int, frame: object) -> None:
+        log.info("signal %d received: stopping the pipeline", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGHUP, lambda signum, frame: _reread_tenants(args.tenants))
     if args.tenants is not None:
         from broker_edge.tenants import load as load_tenants
@@ -186,14 +196,8 @@ def _pipeline(args: argparse.Namespace) -> int:
         quota = None
     from streaming import pipeline
 
-    stop = threading.Event()
-
-    def _on_signal(signum: int, frame: object) -> None:
-        log.info("signal %d received: stopping the pipeline", signum)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
+    if stop.is_set():
+        return 0  # stopped before Spark started
     pipeline.run(settings, once=args.once, stop=stop, quota=quota)
     return 0
 
@@ -255,20 +259,29 @@ def _run(args: argparse.Namespace) -> int:
     pipe_cmd = [*exe, "pipeline", "--data-dir", str(pipeline_settings.data_dir)]
     if args.tenants:
         edge_cmd += ["--tenants", str(args.tenants)]
-        # Quota decisions go back to this run's edge (port 0 means "not known in advance").
         pipe_cmd += ["--tenants", str(args.tenants)]
-        if port:
-            pipe_cmd += ["--broker", f"{host}:{port}"]
     pipe_cmd += ["--lake", str(pipeline_settings.lake)]
-    if args.config:
+    if args.config:  # its [edge] table for the edge, its [pipeline] table for the pipeline
+        edge_cmd += ["--config", str(args.config)]
         pipe_cmd += ["--config", str(args.config)]
     if args.master:
         pipe_cmd += ["--master", args.master]
-    children = [
-        # The supervisor runs no threads yet, so preexec_fn is safe here.
-        subprocess.Popen(edge_cmd, preexec_fn=_die_with_parent),  # noqa: PLW1509
-        subprocess.Popen(pipe_cmd, preexec_fn=_die_with_parent),  # noqa: PLW1509
-    ]
+    # The edge first: its port (port 0 picks one) is known once it listens, and the quota
+    # decisions go back to it. The supervisor runs no threads yet: preexec_fn is safe here.
+    edge = subprocess.Popen(
+        edge_cmd,
+        stdout=subprocess.PIPE,
+        preexec_fn=_die_with_parent,  # noqa: PLW1509
+    )
+    assert edge.stdout is not None
+    listening = edge.stdout.readline()  # "edgebus edge NODE listening on HOST:PORT"
+    if not listening:
+        return edge.wait() or 1  # it said why on stderr
+    port = int(listening.rsplit(b":", 1)[1])
+    if args.tenants:
+        pipe_cmd += ["--broker", f"{host}:{port}"]
+    children = [edge, subprocess.Popen(pipe_cmd, preexec_fn=_die_with_parent)]  # noqa: PLW1509
+    threading.Thread(target=_relay, args=(listening, edge.stdout), daemon=True).start()
     stopping = threading.Event()
 
     def _forward(signum: int, frame: object) -> None:
@@ -298,6 +311,13 @@ def _run(args: argparse.Namespace) -> int:
             children[0].wait(timeout=0.5)
     codes = [child.returncode for child in children]
     return 0 if stopping.is_set() and codes == [0, 0] else max(codes) or 1
+
+
+def _relay(first: bytes, lines: IO[bytes]) -> None:
+    """Pass the edge's stdout on (so it never blocks on a full pipe)."""
+    for line in itertools.chain([first], lines):
+        sys.stdout.buffer.write(line)
+        sys.stdout.flush()
 
 
 def _die_with_parent() -> None:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import queue
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
@@ -95,32 +98,43 @@ def test_children_stop_when_run_is_killed(tmp_path: Path) -> None:
     assert alive == [], "edge or pipeline outlived a SIGKILLed `edgebus run`"
 
 
-def test_sighup_reaches_the_edge_and_the_pipeline(tmp_path: Path) -> None:
-    tenants = tmp_path / "tenants.toml"
-    tenants.write_text('[operator]\ntoken = "op"\n[tenants.acme]\ntokens = ["acme-1"]\n')
+@contextlib.contextmanager
+def running(tmp_path: Path, *args: str) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """`edgebus run` on port 0 with ``args``; stopped by SIGTERM (exit 0) at the end."""
     log = tmp_path / "run.log"
     proc = subprocess.Popen(
         [sys.executable, "-m", "edgebus.cli", "--log-level", "INFO", "run"]
-        + ["--listen", "127.0.0.1:0", "--node-id", "hup", "--tenants", str(tenants)]
+        + ["--listen", "127.0.0.1:0", *args]
         + ["--data-dir", str(tmp_path / "data"), "--lake", str(tmp_path / "lake")],
         stdout=subprocess.PIPE,
         stderr=log.open("wb"),
         env={**os.environ, "PYSPARK_PYTHON": sys.executable},
         cwd=tmp_path,
     )
-
-    def wait_logged(text: bytes) -> None:
-        deadline = time.monotonic() + 120
-        while text not in log.read_bytes():
-            assert proc.poll() is None, log.read_text()[-4000:]
-            assert time.monotonic() < deadline, f"{text!r} not logged"
-            time.sleep(0.1)
-
     try:
+        yield proc, log
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_sighup_reaches_the_edge_and_the_pipeline(tmp_path: Path) -> None:
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text('[operator]\ntoken = "op"\n[tenants.acme]\ntokens = ["acme-1"]\n')
+    with running(tmp_path, "--node-id", "hup", "--tenants", str(tenants)) as (proc, log):
+
+        def wait_logged(text: bytes) -> None:
+            deadline = time.monotonic() + 120
+            while text not in log.read_bytes():
+                assert proc.poll() is None, log.read_text()[-4000:]
+                assert time.monotonic() < deadline, f"{text!r} not logged"
+                time.sleep(0.1)
+
         assert proc.stdout is not None
-        for raw in proc.stdout:
-            if raw.decode().startswith("edgebus edge hup listening on"):
-                break
+        assert proc.stdout.readline().startswith(b"edgebus edge hup listening on")
         wait_logged(b"tenant(s)")  # the pipeline read the file: its SIGHUP handler is set
         tenants.write_text(tenants.read_text() + '[tenants.b]\ntokens = ["b-1"]\n')
         proc.send_signal(signal.SIGHUP)
@@ -128,9 +142,46 @@ def test_sighup_reaches_the_edge_and_the_pipeline(tmp_path: Path) -> None:
         wait_logged(b"broker_edge.node" + reloaded)  # the edge's logger
         wait_logged(b"edgebus" + reloaded)  # the pipeline's
         assert proc.poll() is None
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+
+
+def test_run_on_port_0_enforces_quotas_with_the_edge_settings_of_its_config(
+    tmp_path: Path,
+) -> None:
+    # Quota decisions must reach the edge whose port was picked at start, and the config's
+    # [edge] table must reach the edge (counters every second: a decision within seconds).
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text(
+        '[operator]\ntoken = "op"\n'
+        '[tenants.tiny]\ntokens = ["tiny-1"]\n[tenants.tiny.limits]\nmessages_per_day = 5\n'
+    )
+    config = tmp_path / "edgebus.toml"
+    config.write_text(
+        "[edge]\ncounter_interval = 1.0\n[pipeline]\ntrigger_interval_seconds = 0.5\n"
+    )
+    args = ("--node-id", "quota", "--tenants", str(tenants), "--config", str(config))
+    with running(tmp_path, *args) as (proc, log):
+        assert proc.stdout is not None
+        line = proc.stdout.readline().decode()
+        assert line.startswith("edgebus edge quota listening on 127.0.0.1:"), line
+        port = int(line.rsplit(":", 1)[1])
+        assert f"edgebus: edge on 127.0.0.1:{port}," in proc.stdout.readline().decode()
+        acks: queue.Queue[int] = queue.Queue()
+        client = mqtt.Client(
+            mqtt.CallbackAPIVersion.VERSION2, client_id="tiny-pub", protocol=mqtt.MQTTv5
+        )
+        client.username_pw_set("tiny-1")
+        client.on_publish = lambda c, u, mid, rc, p: acks.put(rc.value)
+        client.connect("127.0.0.1", port)
+        client.loop_start()
+        codes = []
+        deadline = time.monotonic() + 240
+        while 0x97 not in codes:
+            assert proc.poll() is None, log.read_text()[-4000:]
+            assert time.monotonic() < deadline, "the tenant was never blocked"
+            client.publish("fleet/v1/telemetry", b"{}", qos=1)
+            codes.append(acks.get(timeout=10))
+            time.sleep(0.2)
+        assert codes[:5] == [0] * 5
+        client.disconnect()
+        client.loop_stop()
+        assert b"edgebus: no --broker" not in log.read_bytes()
