@@ -20,7 +20,8 @@ class PipelineSettings:
     lake: Path = Path("lake")
     master: str = "local[*]"
     max_records_per_batch: int = 200_000
-    trigger_interval_seconds: float = 1.0
+    # A new micro-batch at most this often; a batch that takes longer runs the next at once.
+    trigger_interval_seconds: float = 0.5
     shuffle_partitions: int = 4
     driver_memory: str = "2g"
     # Data quality: every table's great-expectations suite runs this often (0: never).
