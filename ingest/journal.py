@@ -35,12 +35,15 @@ truncates them with a warning and the next record reuses the first lost seq. Any
 is *followed* by more bytes cannot be a torn write; it is corruption and raises
 :class:`JournalCorruptError` with the file and byte offset. Nothing is ever skipped silently.
 
-Readers (the Spark source) open segments read-only. A frame still being written at the tail is
-not visible yet; everything else is CRC-checked before it is returned.
-
-Known limit: a reader may see a frame after ``os.write`` and before its fsync returns. If the
-*machine* (not just the process) dies in that window, or at any time with ``fsync=False``, the
-recovered journal can reuse seqs a reader has already consumed.
+Readers (the Spark source) open segments read-only and see only what is durable: after each
+commit's fdatasync the writer records the durable seq in the node's ``DURABLE`` file (8 bytes
+of seq and a CRC, rewritten in place), and :meth:`JournalReader.last_seq` never goes past it. A
+frame written but not yet synced is invisible, so a machine crash in that window cannot make
+the recovered journal reuse seqs a reader already consumed. The file itself needs no fsync: it
+is written only after the data it names is durable, and a lost update only hides records until
+the next commit (on open, the writer rewrites it from the recovered journal). With
+``fsync=False`` nothing is durable across a machine crash, the watermark included. Everything a
+reader returns is CRC-checked.
 """
 
 from __future__ import annotations
@@ -73,6 +76,9 @@ FRAME_MAGIC = b"EBFR"
 FRAME_HEADER = struct.Struct("<4sIIQI")
 SEGMENT_SUFFIX = ".seg"
 LOCK_FILE = "LOCK"
+DURABLE_FILE = "DURABLE"
+# The DURABLE file: the durable seq and the CRC-32 of those 8 bytes.
+_DURABLE = struct.Struct("<QI")
 
 _SEGMENT_NAME = re.compile(r"^(\d{20})\.seg$")
 _NODE_NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$")
@@ -372,6 +378,9 @@ class JournalWriter:
             _, path = segment
             self._fd = os.open(path, os.O_WRONLY | os.O_APPEND)
             self._size = os.fstat(self._fd).st_size
+        self._durable_fd = os.open(node_dir / DURABLE_FILE, os.O_WRONLY | os.O_CREAT, 0o644)
+        # What survived recovery is what is on disk: durable from here on.
+        self._publish_durable()
 
     @classmethod
     def open(
@@ -488,7 +497,13 @@ class JournalWriter:
             raise JournalError(f"journal write failed in {self._dir}: {exc}") from exc
         self._size += len(data)
         self._durable_seq = frame.last_seq
+        self._publish_durable()
         return self._durable_seq
+
+    def _publish_durable(self) -> None:
+        """Let readers see every seq up to ``durable_seq`` (see the module docstring)."""
+        seq = self._durable_seq.to_bytes(8, "little")
+        os.pwrite(self._durable_fd, _DURABLE.pack(self._durable_seq, zlib.crc32(seq)), 0)
 
     def flush(self) -> int:
         """drain() + commit() in the calling thread; returns the durable seq."""
@@ -502,6 +517,9 @@ class JournalWriter:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        if self._durable_fd >= 0:
+            os.close(self._durable_fd)
+            self._durable_fd = -1
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
@@ -624,6 +642,27 @@ class _SegmentIndex:
     complete: bool  # a closed segment scanned to its end: never changes again
 
 
+def read_durable_seq(node_dir: Path) -> int | None:
+    """The durable seq the node's writer last recorded, or None without a ``DURABLE`` file.
+
+    Raises :class:`JournalCorruptError` when the file does not hold a seq and its CRC (a
+    torn 12-byte in-place write is not possible on one page; a bad file is damage).
+    """
+    path = Path(node_dir) / DURABLE_FILE
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    if len(data) == 0:
+        return None  # created, not yet written: the writer is opening
+    if len(data) != _DURABLE.size:
+        raise JournalCorruptError(path, 0, f"{len(data)} bytes, expected {_DURABLE.size}")
+    seq, crc = _DURABLE.unpack(data)
+    if zlib.crc32(seq.to_bytes(8, "little")) != crc:
+        raise JournalCorruptError(path, 0, "durable seq fails its CRC")
+    return int(seq)
+
+
 class JournalReader:
     """Reads one node's journal by seq range. Safe to use while a writer appends."""
 
@@ -641,7 +680,12 @@ class JournalReader:
         return list_nodes(journal_root)
 
     def last_seq(self) -> int:
-        """The newest visible seq (0 when the journal is empty). Reads frame headers only."""
+        """The newest durable seq (0 when there is none). Reads frame headers only.
+
+        Never past the writer's ``DURABLE`` watermark (see the module docstring); a journal
+        without one (written before it existed) is read to its last complete frame.
+        """
+        durable = read_durable_seq(self._dir)
         segments = list_segments(self._dir)
         if not segments:
             return 0
@@ -649,7 +693,8 @@ class JournalReader:
         # only the newest one is scanned, incrementally from where the last call stopped.
         first_seq, path = segments[-1]
         frames = self._frames(first_seq, path, closed=False, upto=None)
-        return frames[-1].last_seq if frames else first_seq - 1
+        written = frames[-1].last_seq if frames else first_seq - 1
+        return written if durable is None else min(written, durable)
 
     def read(self, after_seq: int, upto_seq: int) -> Iterator[pa.RecordBatch]:
         """Yield exactly the records with ``after_seq < seq <= upto_seq``, CRC-checked.

@@ -524,3 +524,56 @@ def test_read_returns_exactly_the_range(
             upto = data.draw(st.integers(min_value=after, max_value=total), label="upto")
             got = rows(reader.read(after, upto))
             assert got == [expected_row(i, record(i)) for i in range(after + 1, upto + 1)]
+
+
+def test_a_frame_written_but_not_yet_synced_is_invisible(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from ingest import journal
+
+    in_sync, release = threading.Event(), threading.Event()
+    real_sync = journal._datasync
+
+    def slow_sync(fd: int) -> None:
+        in_sync.set()
+        assert release.wait(10)
+        real_sync(fd)
+
+    with JournalWriter.open(tmp_path, NODE) as w:
+        w.append(**record(1))
+        w.flush()
+        monkeypatch.setattr(journal, "_datasync", slow_sync)
+        w.append(**record(2))
+        frame = w.drain()
+        assert frame is not None
+        committer = threading.Thread(target=w.commit, args=(frame,))
+        committer.start()
+        assert in_sync.wait(10)
+        # The frame is in the file (a reader scanning frames would find it) but not durable.
+        assert seqs(tmp_path, upto=None) == [1]
+        assert JournalReader(tmp_path / NODE).last_seq() == 1
+        release.set()
+        committer.join(10)
+        assert JournalReader(tmp_path / NODE).last_seq() == 2
+
+
+def test_the_watermark_is_rewritten_from_the_recovered_journal(tmp_path: Path) -> None:
+    write(tmp_path, [3, 2])
+    durable = tmp_path / NODE / "DURABLE"
+    durable.write_bytes(b"")  # as if the machine died before the first watermark write
+    assert JournalReader(tmp_path / NODE).last_seq() == 5  # no watermark: complete frames
+    with JournalWriter.open(tmp_path, NODE) as w:
+        assert w.durable_seq == 5
+        assert JournalReader(tmp_path / NODE).last_seq() == 5
+
+
+def test_a_damaged_watermark_is_an_error_naming_the_file(tmp_path: Path) -> None:
+    write(tmp_path, [2])
+    durable = tmp_path / NODE / "DURABLE"
+    data = bytearray(durable.read_bytes())
+    data[0] ^= 0xFF
+    durable.write_bytes(bytes(data))
+    with pytest.raises(JournalCorruptError, match="DURABLE"):
+        JournalReader(tmp_path / NODE).last_seq()
