@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
+
+from ingest import source
+from streaming.settings import PipelineSettings
 
 # Python workers must run this interpreter (the venv), whatever the environment says.
 os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -29,3 +34,31 @@ def spark() -> Iterator[SparkSession]:
     session.sparkContext.setLogLevel("WARN")
     yield session
     session.stop()
+
+
+@pytest.fixture
+def edgebus_spark(spark: SparkSession) -> SparkSession:
+    """The shared session with the ``edgebus`` streaming source registered."""
+    source.register(spark)
+    return spark
+
+
+@pytest.fixture
+def make_settings(tmp_path: Path) -> Callable[..., PipelineSettings]:
+    """Pipeline settings under ``tmp_path`` for a test run: ``local[2]``, fast triggers, the
+    quality and maintenance schedules off; keyword arguments override."""
+
+    def make(**overrides: Any) -> PipelineSettings:
+        values: dict[str, Any] = {
+            "data_dir": tmp_path / "data",
+            "lake": tmp_path / "lake",
+            "master": "local[2]",
+            "trigger_interval_seconds": 0.1,
+            "shuffle_partitions": 2,
+            "quality_interval_seconds": 0.0,
+            "maintenance_interval_seconds": 0.0,
+        }
+        values.update(overrides)
+        return PipelineSettings(**values)
+
+    return make

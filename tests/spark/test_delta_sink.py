@@ -195,12 +195,13 @@ def test_spark_batches_of_empty_lists_reach_every_table(spark: Any, tmp_path: Pa
     # Regression: Spark's Arrow output for all-empty lists (and empty partitions) has empty
     # offsets buffers, which once made delta-rs panic; the fan-out must repair them.
     from schemas.journal import JOURNAL_SCHEMA
-    from streaming.pipeline import TableFanout, quarantine_writer, table_steps
+    from sinks.quarantine import quarantine_writer
+    from streaming.pipeline import TableFanout, table_steps
     from streaming.settings import PipelineSettings
 
     settings = PipelineSettings(data_dir=tmp_path / "data", lake=tmp_path / "lake")
     ts = dt.datetime(2024, 3, 10, tzinfo=dt.UTC)
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "node": "edge-1",
             "seq": i,

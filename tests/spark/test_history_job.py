@@ -9,8 +9,7 @@ import textwrap
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
-from pathlib import Path
+from collections.abc import Callable, Iterable
 
 import pyarrow as pa
 import pytest
@@ -19,7 +18,6 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from ingest import source
 from ingest.journal import JournalWriter
 from sinks.delta import read_table
 from streaming import history, pipeline
@@ -33,22 +31,9 @@ BASE_TS_US = 1_710_028_800_000_000  # 2024-03-10T00:00:00Z
 
 
 @pytest.fixture
-def edgebus_spark(spark: SparkSession) -> SparkSession:
-    source.register(spark)
-    return spark
-
-
-@pytest.fixture
-def settings(tmp_path: Path) -> PipelineSettings:
+def settings(make_settings: Callable[..., PipelineSettings]) -> PipelineSettings:
     # A small batch cap so a run spans several micro-batches.
-    return PipelineSettings(
-        data_dir=tmp_path / "data",
-        lake=tmp_path / "lake",
-        master="local[2]",
-        max_records_per_batch=7,
-        trigger_interval_seconds=0.1,
-        shuffle_partitions=2,
-    )
+    return make_settings(max_records_per_batch=7)
 
 
 def journal(settings: PipelineSettings, node: str, topics: Iterable[str]) -> set[Id]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +15,6 @@ from pyspark.sql import SparkSession
 
 from broker_edge.plim import log_event
 from edgebus import logs_cli
-from ingest import source
 from ingest.journal import JournalWriter
 from sinks.delta import read_table
 from streaming import history, logs, pipeline
@@ -32,22 +31,9 @@ EVENTS = ("connect", "subscribe", "acl_denied", "disconnect")
 
 
 @pytest.fixture
-def edgebus_spark(spark: SparkSession) -> SparkSession:
-    source.register(spark)
-    return spark
-
-
-@pytest.fixture
-def settings(tmp_path: Path) -> PipelineSettings:
+def settings(make_settings: Callable[..., PipelineSettings]) -> PipelineSettings:
     # A small batch cap so a run spans a few micro-batches (each costs ~0.5 s or more).
-    return PipelineSettings(
-        data_dir=tmp_path / "data",
-        lake=tmp_path / "lake",
-        master="local[2]",
-        max_records_per_batch=10,
-        trigger_interval_seconds=0.1,
-        shuffle_partitions=2,
-    )
+    return make_settings(max_records_per_batch=10)
 
 
 def write_journal(settings: PipelineSettings, node: str, count: int, start: int = 0) -> set[Id]:

@@ -9,7 +9,7 @@ import json
 import queue
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,6 @@ from pyspark.sql import SparkSession
 
 from broker_edge.plim import QuotaDecision
 from broker_edge.settings import EdgeSettings
-from ingest import source
 from sinks.delta import read_table
 from streaming import pipeline, quota
 from streaming.quota_settings import QuotaSettings, TenantLimits
@@ -63,20 +62,8 @@ RunningEdge = _running_edge_class()
 
 
 @pytest.fixture
-def edgebus_spark(spark: SparkSession) -> SparkSession:
-    source.register(spark)
-    return spark
-
-
-@pytest.fixture
-def settings(tmp_path: Path) -> PipelineSettings:
-    return PipelineSettings(
-        data_dir=tmp_path / "data",
-        lake=tmp_path / "lake",
-        master="local[2]",
-        trigger_interval_seconds=0.1,
-        shuffle_partitions=2,
-    )
+def settings(make_settings: Callable[..., PipelineSettings]) -> PipelineSettings:
+    return make_settings()
 
 
 @pytest.fixture

@@ -32,12 +32,6 @@ pytestmark = pytest.mark.spark
 Batches = list[tuple[int, list[dict[str, Any]]]]
 
 
-@pytest.fixture(scope="module")
-def edgebus_spark(spark: SparkSession) -> SparkSession:
-    source.register(spark)
-    return spark
-
-
 def write_records(root: Path, node: str, count: int, *, group: int = 4) -> None:
     """Append ``count`` records to ``node``'s journal, committed in groups of ``group``."""
     with JournalWriter.open(root, node) as w:

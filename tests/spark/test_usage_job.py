@@ -4,7 +4,7 @@ edges per tenant, metric and minute, exactly once across batches and replays."""
 from __future__ import annotations
 
 import datetime as dt
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -12,7 +12,6 @@ from counter_records import Counter, write_counters, write_records
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
-from ingest import source
 from sinks.delta import read_table
 from streaming import pipeline, usage
 from streaming.settings import PipelineSettings
@@ -20,23 +19,6 @@ from streaming.settings import PipelineSettings
 pytestmark = pytest.mark.spark
 
 MIDNIGHT = dt.datetime(2024, 3, 10, tzinfo=dt.UTC)
-
-
-@pytest.fixture
-def edgebus_spark(spark: SparkSession) -> SparkSession:
-    source.register(spark)
-    return spark
-
-
-def make_settings(tmp_path: Path, max_records: int = 1000) -> PipelineSettings:
-    return PipelineSettings(
-        data_dir=tmp_path / "data",
-        lake=tmp_path / "lake",
-        master="local[2]",
-        max_records_per_batch=max_records,
-        trigger_interval_seconds=0.1,
-        shuffle_partitions=2,
-    )
 
 
 def run_usage(spark: SparkSession, settings: PipelineSettings) -> None:
@@ -64,9 +46,9 @@ def values(settings: PipelineSettings) -> dict[tuple[str, str, int], tuple[Any, 
 
 
 def test_counters_from_two_nodes_are_summed_per_tenant_and_minute(
-    edgebus_spark: SparkSession, tmp_path: Path
+    edgebus_spark: SparkSession, make_settings: Callable[..., PipelineSettings]
 ) -> None:
-    settings = make_settings(tmp_path)
+    settings = make_settings(max_records_per_batch=1000)
     journal = settings.journal_root
     write_counters(
         journal,
@@ -125,9 +107,9 @@ def test_counters_from_two_nodes_are_summed_per_tenant_and_minute(
 
 
 def test_minutes_spanning_batches_replays_and_late_records_count_once(
-    edgebus_spark: SparkSession, tmp_path: Path
+    edgebus_spark: SparkSession, make_settings: Callable[..., PipelineSettings]
 ) -> None:
-    settings = make_settings(tmp_path, max_records=2)  # every minute spans several batches
+    settings = make_settings(max_records_per_batch=2)  # every minute spans several batches
     journal = settings.journal_root
     write_counters(
         journal,

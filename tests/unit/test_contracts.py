@@ -18,7 +18,8 @@ from schemas.contracts import (
 )
 from schemas.journal import JOURNAL_SCHEMA
 from sinks.delta import read_table
-from streaming.pipeline import TableFanout, quarantine_writer, table_steps
+from sinks.quarantine import quarantine_writer
+from streaming.pipeline import TableFanout, table_steps
 from streaming.settings import PipelineSettings
 
 UTC = dt.UTC
