@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import itertools
 import logging
 import os
 import signal
@@ -281,7 +280,14 @@ def _run(args: argparse.Namespace) -> int:
     if args.tenants:
         pipe_cmd += ["--broker", f"{host}:{port}"]
     children = [edge, subprocess.Popen(pipe_cmd, preexec_fn=_die_with_parent)]  # noqa: PLW1509
-    threading.Thread(target=_relay, args=(listening, edge.stdout), daemon=True).start()
+    # The edge's line, then ours, in this order (scripts read them), before the relay starts.
+    sys.stdout.buffer.write(listening)
+    print(
+        f"edgebus: edge on {host}:{port}, pipeline writing Delta tables to "
+        f"{pipeline_settings.lake} (Ctrl-C stops both)",
+        flush=True,
+    )
+    threading.Thread(target=_relay, args=(edge.stdout,), daemon=True).start()
     stopping = threading.Event()
 
     def _forward(signum: int, frame: object) -> None:
@@ -298,11 +304,6 @@ def _run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _forward)
     signal.signal(signal.SIGINT, _forward)
     signal.signal(signal.SIGHUP, _forward_hup)
-    print(
-        f"edgebus: edge on {host}:{port}, pipeline writing Delta tables to "
-        f"{pipeline_settings.lake} (Ctrl-C stops both)",
-        flush=True,
-    )
     while any(child.poll() is None for child in children):
         if not stopping.is_set() and any(child.poll() is not None for child in children):
             log.error("a child process exited unexpectedly: stopping the other")
@@ -313,9 +314,9 @@ def _run(args: argparse.Namespace) -> int:
     return 0 if stopping.is_set() and codes == [0, 0] else max(codes) or 1
 
 
-def _relay(first: bytes, lines: IO[bytes]) -> None:
+def _relay(lines: IO[bytes]) -> None:
     """Pass the edge's stdout on (so it never blocks on a full pipe)."""
-    for line in itertools.chain([first], lines):
+    for line in lines:
         sys.stdout.buffer.write(line)
         sys.stdout.flush()
 
