@@ -30,6 +30,7 @@ from broker_edge.plim import (
 )
 from broker_edge.tenants import ALLOW_ALL, OPERATOR_TENANT, Limits, TenantsConfig
 from schemas.journal import DEFAULT_TENANT
+from schemas.usage import GAUGE_METRICS
 
 if TYPE_CHECKING:
     from broker_edge.broker import Broker
@@ -49,6 +50,8 @@ class Tenancy:
         self.blocked: set[str] = set()
         self.connected: dict[str, int] = {}  # live connections per tenant on this node
         self._counter_previous: dict[str, dict[str, int]] = {}
+        # Tenants whose last report was all zeros: their next all-zero report is skipped.
+        self._counter_quiet: set[str] = set()
         self._logging = False
 
     # -- identity --------------------------------------------------------------------------
@@ -264,6 +267,21 @@ class Tenancy:
                 "retained": sum(1 for m in ns.retained.all() if m.topic[0] != "$"),
             }
             previous = self._counter_previous.get(tenant, {})
+            self._counter_previous[tenant] = totals
+            # A tenant with nothing going on (every counter still, every gauge 0) is reported
+            # once, then not again until something moves: at a 2 s interval, idle tenants
+            # would otherwise fill the journal. Lossless for usage: a missing report adds 0 to
+            # every sum, and the one zero report ends each gauge's last window at 0.
+            quiet = all(
+                totals[m] == 0 if m in GAUGE_METRICS else totals[m] == previous.get(m, 0)
+                for m in totals
+            )
+            if quiet and tenant in self._counter_quiet:
+                continue
+            if quiet:
+                self._counter_quiet.add(tenant)
+            else:
+                self._counter_quiet.discard(tenant)
             for topic, payload in counter_messages(
                 node=broker.settings.node_id,
                 tenant=tenant,
@@ -273,5 +291,4 @@ class Tenancy:
                 end_us=end_us,
             ):
                 broker.internal_publish(tenant, topic, payload)
-            self._counter_previous[tenant] = totals
         broker.flush_dirty()

@@ -462,3 +462,35 @@ def test_unsubscribe_queue_overflow_and_quota_warn_are_logged(make_edge, tenants
         ops.close()
     finally:
         watcher.close()
+
+
+def test_an_idle_tenant_is_reported_once_then_not_until_it_moves(v5, tenant_edge, edge_settings):
+    from ingest.journal import JournalReader
+
+    def globex_counters() -> list[dict]:
+        reader = JournalReader(edge_settings.data_dir / "journal" / edge_settings.node_id)
+        rows = [row for batch in reader.read(0, reader.last_seq()) for row in batch.to_pylist()]
+        return [
+            json.loads(row["payload"])
+            for row in rows
+            if row["tenant"] == "globex" and row["topic"] == "$counters/messages_in"
+        ]
+
+    dev = v5("globex-1", "globex-idle")
+    assert dev.publish("fleet/x", b"one").value == 0
+    dev.close()
+    # Counters every second: the report with the message, then one all-zero report
+    # (sessions back to 0), then silence while nothing moves.
+    deadline = time.monotonic() + 20
+    while not any(c["delta"] == 0 for c in globex_counters()):
+        assert time.monotonic() < deadline, globex_counters()
+        time.sleep(0.2)
+    seen = len(globex_counters())
+    time.sleep(3.5)  # three more intervals
+    assert len(globex_counters()) == seen
+    assert sum(c["delta"] for c in globex_counters()) == 1
+    v5("globex-1", "globex-back")  # it moves again (a session): reported again
+    deadline = time.monotonic() + 20
+    while len(globex_counters()) == seen:
+        assert time.monotonic() < deadline, "never reported again"
+        time.sleep(0.2)
