@@ -57,7 +57,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from bench import BenchError, brokers, loadgen
-from bench.compare import RESULTS_DIR, background_cores, machine_info
+from bench.compare import RESULTS_DIR, background_cores, machine_info, write_report
 from bench.pipeline import count_rows
 
 HISTORY_APP_ID = "edgebus.history"  # streaming.history.APP_ID: its app transaction = batch id
@@ -364,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     measured_ts = pc.cast(measured.column("ts"), pa.int64())
     per_batch, breakdown = batch_breakdown(measured, commits, progress.batches)
     wall = load["cpu"]["wall_s"] + drain_s
+    now = datetime.now(UTC)
     result: dict[str, Any] = {
         "benchmark": "publish -> visible in messages",
         "rate_target_msgs_per_s": args.rate,
@@ -405,15 +406,13 @@ def main(argv: list[str] | None = None) -> int:
         },
         "edge_log_problems": edge_log["problems"],
         "loadavg": os.getloadavg(),
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "date": now.isoformat(timespec="seconds"),
+        "timestamp_compact": f"{now:%Y%m%dT%H%M%SZ}",
         "machine": machine_info(),
     }
     summary = {k: v for k, v in result.items() if k not in ("per_batch", "machine")}
     print(json.dumps(summary, indent=2))
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    out = RESULTS_DIR / f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-latency.json"
-    out.write_text(json.dumps(result, indent=2))
-    print(f"results: {out}")
+    print(f"results: {write_report(result, RESULTS_DIR, 'latency')}")
     if args.workdir is None:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from bench.compare import RESULTS_DIR, machine_info
+from bench.compare import RESULTS_DIR, machine_info, write_report
 
 FIRST_DAY = date(2026, 11, 1)
 EVENTS = ("connect", "disconnect", "subscribe", "acl_denied", "quota_warn")
@@ -161,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         def query_newest() -> None:
             assert len(query_rows(lake, LogQuery(tenant))) == 100
 
+        now = datetime.now(UTC)
         result: dict[str, Any] = {
             "benchmark": "edgebus logs on a large logs table",
             "rows": args.rows,
@@ -170,13 +171,12 @@ def main(argv: list[str] | None = None) -> int:
             "cli_day": summary(timed(cli, args.repeat)),
             "query_day": summary(timed(query_day, args.repeat)),
             "query_newest": summary(timed(query_newest, args.repeat)),
-            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "date": now.isoformat(timespec="seconds"),
+            "timestamp_compact": f"{now:%Y%m%dT%H%M%SZ}",
             "machine": machine_info(),
         }
         print(json.dumps(result, indent=2))
-        RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-        out = RESULTS_DIR / f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-logs-query.json"
-        out.write_text(json.dumps(result, indent=2))
+        print(f"results: {write_report(result, RESULTS_DIR, 'logs-query')}")
     finally:
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)

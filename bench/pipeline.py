@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.compare import RESULTS_DIR, machine_info
+from bench.compare import RESULTS_DIR, machine_info, write_report
 
 
 def telematics_payload(rng: random.Random, vehicle: int, i: int) -> bytes:
@@ -121,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         steady_s = sum(p["durationMs"]["triggerExecution"] for p in steady) / 1000
         rows = count_rows(settings.table_path("messages"))
         assert rows == written, f"{rows} rows in messages, {written} journaled"
+        now = datetime.now(UTC)
         result: dict[str, Any] = {
             "benchmark": "pipeline journal->delta",
             "records": written,
@@ -134,13 +135,12 @@ def main(argv: list[str] | None = None) -> int:
                 for p in batches
             ],
             "sustained_rows_per_s": round(steady_rows / steady_s) if steady_s else None,
-            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "date": now.isoformat(timespec="seconds"),
+            "timestamp_compact": f"{now:%Y%m%dT%H%M%SZ}",
             "machine": machine_info(),
         }
         print(json.dumps(result, indent=2))
-        RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-        out = RESULTS_DIR / f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-pipeline.json"
-        out.write_text(json.dumps(result, indent=2))
+        print(f"results: {write_report(result, RESULTS_DIR, 'pipeline')}")
     finally:
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
