@@ -146,8 +146,8 @@ def open_table(lake: Path, table: str) -> DeltaTable | None:
 def _rows(table: pa.Table) -> list[dict[str, Any]]:
     """``table.to_pylist()``, without importing pandas (a third of a second per command).
 
-    pyarrow imports pandas to turn a zoned timestamp into Python, and ``pa.table()`` to check
-    for a DataFrame: zoned columns go over as naive UTC and get their zone back here.
+    pyarrow imports pandas to turn a zoned timestamp into Python: zoned columns go over as
+    naive UTC and get their zone back here (``sinks.delta.run_sql`` avoids the other import).
     """
     import pyarrow as pa
 
@@ -166,12 +166,10 @@ def _rows(table: pa.Table) -> list[dict[str, Any]]:
 
 def query(delta: DeltaTable, name: str, sql: str) -> list[dict[str, Any]]:
     """The rows of ``sql`` over ``delta`` registered as ``name`` (exit 1 when it fails)."""
-    import pyarrow as pa
-    from deltalake import QueryBuilder
+    from sinks.delta import run_sql
 
     try:
-        result = QueryBuilder().register(name, delta).execute(sql)
-        rows = _rows(pa.RecordBatchReader.from_stream(result).read_all())
+        rows = _rows(run_sql(delta, name, sql))
     # DataFusion's errors (a data file missing or corrupt, ...) arrive as plain Exception,
     # not DeltaError: every failure of the query is "cannot read", not a traceback.
     except Exception as exc:

@@ -81,15 +81,6 @@ def _json_invalid(records: pa.Table) -> pa.Array | pa.ChunkedArray:
     return pa.array(flags, pa.bool_())
 
 
-def is_json(payload: bytes) -> bool:
-    """Whether ``payload`` is one well-formed JSON text (RFC 8259, UTF-8)."""
-    try:
-        orjson.loads(payload)
-    except orjson.JSONDecodeError:
-        return False
-    return True
-
-
 # Every journal record, whatever table it is meant for.
 RECORD_RULES: tuple[Rule, ...] = (
     Rule("tenant_present", "the record has no tenant", _empty("tenant")),

@@ -212,12 +212,23 @@ def read_table(
             sql += f" WHERE {sql_where}"
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
-        result = QueryBuilder().register(_QUERY_TABLE, delta).execute(sql).read_all()
+        result = run_sql(delta, _QUERY_TABLE, sql)
     except (DeltaError, OSError) as exc:
         raise DeltaSinkError(f"{target}: query failed: {exc}") from exc
     # DataFusion answers with view types (string_view, binary_view); hand back the table's.
     wanted = schema if schema is not None else table_schema
-    return conform(pa.table(result), pa.schema([wanted.field(name) for name in names]))
+    return conform(result, pa.schema([wanted.field(name) for name in names]))
+
+
+def run_sql(delta: DeltaTable, name: str, sql: str) -> pa.Table:
+    """The result of ``sql`` over ``delta`` registered as ``name`` (DataFusion), in Arrow.
+
+    Read through the Arrow C stream, not ``pa.table()``: that imports pandas (a third of a
+    second, which a command line pays on every run) to check for a DataFrame. Errors are
+    DataFusion's own (``DeltaError``, or a plain ``Exception`` for a missing data file).
+    """
+    reader = QueryBuilder().register(name, delta).execute(sql)
+    return pa.RecordBatchReader.from_stream(reader).read_all()
 
 
 def _is_table(path: str) -> bool:

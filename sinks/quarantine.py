@@ -45,10 +45,6 @@ def quarantine_rows(records: pa.Table, table: Strings, rule: Strings, reason: St
     return pa.Table.from_arrays(columns, schema=QUARANTINE_SCHEMA)
 
 
-def empty_quarantine() -> pa.Table:
-    return QUARANTINE_SCHEMA.empty_table()
-
-
 def _column(values: Strings, n: int) -> pa.Array | pa.ChunkedArray:
     if isinstance(values, str):
         return pa.array([values] * n, pa.string())

@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, QueryBuilder, Transaction
+from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError, DeltaError
 
-from sinks.delta import DeltaBatchWriter, conform
+from sinks.delta import DeltaBatchWriter, conform, run_sql
 from sinks.errors import DeltaSinkError, SinkSchemaError
 
 logger = logging.getLogger(__name__)
@@ -110,10 +110,9 @@ def query_table(path: Path | str, sql: str) -> pa.Table:
     if not table_exists(target):
         raise DeltaSinkError(f"{target}: not a Delta table")
     try:
-        result = QueryBuilder().register(TABLE_NAME, DeltaTable(target)).execute(sql).read_all()
+        table = run_sql(DeltaTable(target), TABLE_NAME, sql)
     except (DeltaError, OSError) as exc:
         raise DeltaSinkError(f"{target}: query failed: {exc}") from exc
-    table: pa.Table = pa.table(result)
     # DataFusion answers with view types (string_view, binary_view); plain types are simpler.
     fields = [pa.field(f.name, _plain(f.type), f.nullable) for f in table.schema]
     return table.cast(pa.schema(fields))

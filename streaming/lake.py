@@ -22,13 +22,13 @@ from datetime import datetime
 from pathlib import Path
 
 import pyarrow as pa
-from deltalake import DeltaTable, QueryBuilder
+from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from schemas.tables import TABLES, TableSpec
-from sinks.delta import conform
+from sinks.delta import conform, run_sql
 from sinks.errors import SinkSchemaError
 from streaming.errors import PipelineError
 
@@ -109,7 +109,7 @@ def load_arrow(
     if where:
         sql += f" WHERE {where}"
     try:
-        result = pa.table(QueryBuilder().register(_QUERY_TABLE, delta).execute(sql).read_all())
+        result = run_sql(delta, _QUERY_TABLE, sql)
         # DataFusion answers with view types (string_view, binary_view); hand back the table's.
         return conform(result, schema)
     except (DeltaError, SinkSchemaError) as exc:

@@ -43,7 +43,7 @@ _TYPES: dict[str, type] = {
 }
 
 # The columns transform parses out of the payload, in the table's order.
-_PARSED = ("origin", "event_type", "client_id", "details", "time", "payload_valid")
+_PARSED = ("origin", "event_type", "client_id", "details", "time")
 
 
 def accepts(topics: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
@@ -113,8 +113,7 @@ def transform(records: pa.Table) -> tuple[pa.Table, pa.Table]:
         "raw": pc.if_else(valid, pa.scalar(None, pa.binary()), records.column("payload")),
     }
     for name in _PARSED:
-        if name not in derived:
-            derived[name] = pa.array([row[name] for row in parsed], LOGS_SCHEMA.field(name).type)
+        derived[name] = pa.array([row[name] for row in parsed], LOGS_SCHEMA.field(name).type)
     columns = [
         derived[name] if name in derived else records.column(name) for name in LOGS_SCHEMA.names
     ]
