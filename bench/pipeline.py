@@ -9,6 +9,11 @@ and times it to caught-up. Two figures: ``rows_per_s`` over the whole run (query
 first batch's warm-up included) and ``sustained_rows_per_s``, the batches after the first
 (rows over their trigger execution time, from Spark's progress reports): the rate of a running
 pipeline working off a backlog. The Delta row count is checked against the journal afterwards.
+
+``driver_peak_rss_mib`` is the peak resident memory of this (the pipeline driver's Python)
+process while the query runs: the kernel's high-water mark (``VmHWM``), reset just before the
+query starts (``/proc/self/clear_refs``), so writing the journals does not count. The JVM is
+another process and is not included.
 """
 
 from __future__ import annotations
@@ -79,6 +84,19 @@ def count_rows(table: Path) -> int:
     return int(result.read_all().column("n")[0].as_py())
 
 
+def reset_peak_rss() -> None:
+    """Reset this process's peak RSS (VmHWM) to its current RSS (Linux: clear_refs 5)."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_rss_mib() -> float:
+    """This process's peak RSS since the last reset, in MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=1_000_000)
@@ -105,12 +123,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"journal: {written} records in {time.perf_counter() - started:.1f} s", flush=True)
         spark = build_spark(settings)
         try:
+            reset_peak_rss()
             started = time.perf_counter()
             query = pipeline.start(spark, settings)
             try:
                 query.processAllAvailable()
                 elapsed = time.perf_counter() - started
                 progress = list(query.recentProgress)
+                peak_rss = peak_rss_mib()
             finally:
                 query.stop()
         finally:
@@ -135,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                 for p in batches
             ],
             "sustained_rows_per_s": round(steady_rows / steady_s) if steady_s else None,
+            "driver_peak_rss_mib": peak_rss,
             "date": now.isoformat(timespec="seconds"),
             "timestamp_compact": f"{now:%Y%m%dT%H%M%SZ}",
             "machine": machine_info(),

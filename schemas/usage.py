@@ -44,6 +44,29 @@ COUNTER_PAYLOAD_SCHEMA = pa.schema(
     ]
 )
 
+# Counter records are published by the edge itself, under this client id, in each tenant's
+# namespace (broker_edge.tenancy). The pipeline counts no other: a client that manages to
+# publish on ``$counters/`` (a will, a bug) must not be able to move its tenant's usage.
+EDGE_CLIENT_ID = "$edge"
+
+# One parsed counter record of a micro-batch (streaming.usage.transform), before the records of
+# one tenant, metric, minute and node are reduced to a USAGE_PARTIAL_SCHEMA row. ``window_start``
+# is the minute ``interval_end`` falls in; ``date`` its UTC date.
+COUNTER_RECORD_SCHEMA = pa.schema(
+    [
+        pa.field("tenant", pa.string(), nullable=False),
+        pa.field("node", pa.string(), nullable=False),
+        pa.field("seq", pa.int64(), nullable=False),
+        pa.field("metric", pa.string(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("delta", pa.int64(), nullable=False),
+        pa.field("total", pa.int64(), nullable=False),
+        pa.field("interval_end", _TS, nullable=False),
+        pa.field("window_start", _TS, nullable=False),
+        pa.field("date", pa.date32(), nullable=False),
+    ]
+)
+
 # One node's part of a usage window: a counter's summed deltas, or a gauge's latest value
 # (the one reported last, at ``reported_at``).
 NODE_USAGE = pa.struct(

@@ -31,13 +31,15 @@ fi
 
 # Reinstall only when the project's dependency files changed.
 STAMP=".venv/.edgebus-install-stamp"
-WANT="$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -d' ' -f1)"
+WANT="$(cat pyproject.toml scripts/bootstrap.sh scripts/delta-jars.sh | sha256sum | cut -d' ' -f1)"
 if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$WANT" ]]; then
   echo "edgebus setup: installing edgebus and its dependencies into .venv" >&2
   .venv/bin/python -m pip install --quiet --upgrade pip >/dev/null
   .venv/bin/python -m pip install --quiet -e ".[dev]" || die "pip install failed (see above)."
   echo "$WANT" > "$STAMP"
 fi
+# Delta Lake's jars, once (every table is written and read by Spark's own Delta).
+source "$ROOT/scripts/delta-jars.sh"
 export PATH="$ROOT/.venv/bin:$PATH"
 export PYSPARK_PYTHON="$ROOT/.venv/bin/python"
 export PYSPARK_DRIVER_PYTHON="$ROOT/.venv/bin/python"

@@ -1,16 +1,17 @@
-"""The idempotent Delta writer and a safe Delta reader, both on delta-rs (``deltalake``).
+"""The idempotent Delta writer (Spark's own Delta, delta-spark) and a light reader (delta-rs).
 
-Theory of operation: a streaming job hands every micro-batch to :meth:`DeltaBatchWriter.write`
-from ``foreachBatch``. Spark's checkpoint writes a batch's offsets before running it and its
+Theory of operation: the journal query hands every micro-batch to ``foreachBatch``
+(``streaming.pipeline``). Spark's checkpoint writes a batch's offsets before running it and its
 commit marker after, so a crash between the two replays the same batch (same id, same rows).
-Each append carries a Delta app transaction ``(app_id, batch_id)`` in the same atomic commit as
-its data; a replayed batch finds ``transaction_version(app_id) >= batch_id`` and is skipped.
+:class:`DeltaTableWriter` writes each table's rows with Spark's Delta data source on the
+executors, with Delta's idempotent-write options ``txnAppId``/``txnVersion`` = ``(app_id,
+batch_id)`` in the same atomic commit as the data; Delta skips a replayed batch
+(``txnVersion`` at or below the recorded one) by itself. Merges get the same through Delta's
+``txnAppId``/``txnVersion`` session settings.
 
-Empty batches are not committed at all: a commit per empty trigger would only bloat the log,
-and replaying an empty batch writes nothing either way, so nothing can be duplicated.
-
-Reading goes through ``deltalake.QueryBuilder`` (DataFusion) only: ``DeltaTable.to_pyarrow_*``
-can abort the interpreter at exit, which a replayable pipeline cannot afford.
+Spark is the one engine that writes. delta-rs (``deltalake``) only reads, for the commands
+that need no JVM: always through ``deltalake.QueryBuilder`` (DataFusion), never
+``DeltaTable.to_pyarrow_*``, which can abort the interpreter at exit.
 """
 
 from __future__ import annotations
@@ -18,12 +19,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, QueryBuilder, Transaction, write_deltalake
+from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import DeltaError
 
 from sinks.errors import DeltaSinkError, SinkSchemaError
+
+if TYPE_CHECKING:  # the light readers import this module and must not pay for pyspark
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
 logger = logging.getLogger(__name__)
 
@@ -31,11 +37,12 @@ logger = logging.getLogger(__name__)
 _QUERY_TABLE = "delta_table"
 
 
-class DeltaBatchWriter:
-    """Appends micro-batches to one Delta table, exactly once per ``(app_id, batch_id)``.
+class DeltaTableWriter:
+    """One Delta table, written by Spark's Delta data source, exactly once per batch id.
 
-    ``app_id`` names the writing query; give each streaming job its own, and keep it stable
-    across restarts from the same checkpoint.
+    ``app_id`` names the writing query; keep it stable across restarts from the same
+    checkpoint. The table is created from ``schema`` (the one declaration in ``schemas/``) the
+    first time it is written, never inferred from a batch.
     """
 
     def __init__(
@@ -63,22 +70,15 @@ class DeltaBatchWriter:
     def app_id(self) -> str:
         return self._app_id
 
-    def _already_committed(self, delta: DeltaTable, batch_id: int) -> bool:
-        """Whether ``batch_id`` of this app is in the table already (a replay: skip it)."""
-        done = delta.transaction_version(self._app_id)
-        if done is not None and done >= batch_id:
-            logger.info(
-                "%s: batch %d of %s already committed (app version %d), skipping replay",
-                self._path,
-                batch_id,
-                self._app_id,
-                done,
-            )
-            return True
-        return False
+    @property
+    def schema(self) -> pa.Schema:
+        return self._schema
 
     def last_batch_id(self) -> int | None:
-        """The highest batch id committed under ``app_id``, or None (no table, or no commit)."""
+        """The highest batch id committed under ``app_id``, or None (no table, or no commit).
+
+        A light read of the Delta log (delta-rs), no Spark job.
+        """
         if not _is_table(self._path):
             return None
         try:
@@ -87,58 +87,130 @@ class DeltaBatchWriter:
             raise DeltaSinkError(f"{self._path}: cannot read the transaction log") from exc
         return version
 
-    def write(self, batch_id: int, table: pa.Table) -> bool:
-        """Append ``table`` as batch ``batch_id``; False when there was nothing to write.
+    def ensure(self, spark: SparkSession) -> None:
+        """Create the table (empty, with the declared schema and partitioning) if it is not
+        there yet. Creating it first keeps its schema the declared one: the nullability and
+        types of ``schemas/``, not whatever a first batch happens to carry."""
+        if _is_table(self._path):
+            return
+        from delta.tables import DeltaTable as SparkDeltaTable
 
-        Nothing is written when the batch is empty or was already committed (a replay).
-        Raises :class:`SinkSchemaError` when ``table`` does not fit the schema.
+        builder = (
+            SparkDeltaTable.createIfNotExists(spark)
+            .location(self._path)
+            .addColumns(spark_schema(self._schema))
+        )
+        if self._partition_by:
+            builder = builder.partitionedBy(*self._partition_by)
+        builder.execute()
+        logger.info("%s: created Delta table partitioned by %s", self._path, self._partition_by)
+
+    def append(self, batch_id: int, rows: DataFrame) -> None:
+        """Append ``rows`` as batch ``batch_id`` (Delta's idempotent write: ``txnAppId`` and
+        ``txnVersion`` in the same commit, so a replayed batch is skipped by Delta itself).
+
+        The rows are written by the executors that hold them; the driver only commits.
         """
         if batch_id < 0:
             raise ValueError(f"batch_id must be >= 0, got {batch_id}")
-        data = conform(table, self._schema)
-        if data.num_rows == 0:
-            logger.debug(
-                "%s: batch %d of %s is empty, nothing to commit", self._path, batch_id, self._app_id
-            )
-            return False
+        conformed = self.conformed(rows)
+        self.ensure(rows.sparkSession)
         try:
-            delta = self._open_or_create()
-            if self._already_committed(delta, batch_id):
-                return False
-            write_deltalake(
-                delta,
-                data,
-                mode="append",
-                commit_properties=CommitProperties(
-                    app_transactions=[Transaction(self._app_id, batch_id)]
-                ),
+            (
+                conformed.write.format("delta")
+                .mode("append")
+                .option("txnAppId", self._app_id)
+                .option("txnVersion", batch_id)
+                .save(self._path)
             )
-        except (DeltaError, OSError) as exc:
+        except Exception as exc:  # py4j/Spark raise many types; the message says which
             raise DeltaSinkError(
-                f"{self._path}: writing batch {batch_id} of {self._app_id} failed"
+                f"{self._path}: writing batch {batch_id} of {self._app_id} failed: {exc}"
             ) from exc
-        logger.info(
-            "%s: batch %d of %s committed, %d rows",
-            self._path,
-            batch_id,
-            self._app_id,
-            data.num_rows,
-        )
-        return True
+        logger.info("%s: batch %d of %s committed", self._path, batch_id, self._app_id)
 
-    def _open_or_create(self) -> DeltaTable:
-        if _is_table(self._path):
-            return DeltaTable(self._path)
-        Path(self._path).mkdir(parents=True, exist_ok=True)
-        # mode="ignore": another writer creating the same table first is not an error.
-        created: DeltaTable = DeltaTable.create(
-            self._path,
-            self._schema,
-            mode="ignore",
-            partition_by=self._partition_by or None,
+    def merge(self, batch_id: int, rows: DataFrame, key: Sequence[str], prune: str = "") -> None:
+        """Upsert ``rows`` by ``key`` as batch ``batch_id``, exactly once.
+
+        Rows whose key is in the table replace the stored row, others are inserted; ``rows``
+        must not hold a key twice. ``prune`` is a SQL condition on the target's partition
+        columns (``t.tenant IN (...)``) so the merge reads only the partitions it can touch.
+        The merge carries ``(app_id, batch_id)`` as its Delta app transaction (Delta's
+        ``spark.databricks.delta.write.txnAppId``/``txnVersion`` settings, set on a session of
+        its own so no other writer of the process can pick them up): a replay is skipped.
+        A merge that loses a commit race to a compaction is retried on the new snapshot.
+        """
+        from delta.tables import DeltaTable as SparkDeltaTable
+
+        if not key:
+            raise ValueError("key must name at least one column")
+        unknown = [name for name in key if name not in self._schema.names]
+        if unknown:
+            raise SinkSchemaError(f"key columns not in the schema: {unknown}")
+        spark = rows.sparkSession
+        self.ensure(spark)
+        condition = " AND ".join(f"t.`{name}` = s.`{name}`" for name in key)
+        if prune:
+            condition = f"({prune}) AND {condition}"
+        conf = spark.conf
+        for attempt in range(1, MERGE_ATTEMPTS + 1):
+            conf.set(TXN_APP_ID_CONF, self._app_id)
+            conf.set(TXN_VERSION_CONF, str(batch_id))
+            try:
+                (
+                    SparkDeltaTable.forPath(spark, self._path)
+                    .alias("t")
+                    .merge(self.conformed(rows).alias("s"), condition)
+                    .whenMatchedUpdateAll()
+                    .whenNotMatchedInsertAll()
+                    .execute()
+                )
+                break
+            except Exception as exc:  # py4j wraps Delta's exceptions; their class is in the text
+                if not _lost_race(exc) or attempt == MERGE_ATTEMPTS:
+                    raise DeltaSinkError(
+                        f"{self._path}: merging batch {batch_id} of {self._app_id} failed "
+                        f"(attempt {attempt}): {exc}"
+                    ) from exc
+                logger.info("%s: merge lost a commit race, retrying: %s", self._path, exc)
+            finally:
+                conf.unset(TXN_APP_ID_CONF)
+                conf.unset(TXN_VERSION_CONF)
+        logger.info("%s: batch %d of %s merged", self._path, batch_id, self._app_id)
+
+    def conformed(self, rows: DataFrame) -> DataFrame:
+        """``rows`` with exactly the table's columns, in order, cast to the table's types."""
+        from pyspark.sql import functions as F  # noqa: N812 (pyspark's own convention)
+
+        missing = [name for name in self._schema.names if name not in rows.columns]
+        if missing:
+            raise SinkSchemaError(f"{self._path}: the rows lack columns {missing}")
+        target = spark_schema(self._schema)
+        return rows.select(
+            *[F.col(f"`{field.name}`").cast(field.dataType).alias(field.name) for field in target]
         )
-        logger.info("%s: created Delta table partitioned by %s", self._path, self._partition_by)
-        return created
+
+
+# Delta's session settings that make a MERGE (or any DML) idempotent like txnAppId/txnVersion
+# make an append.
+TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
+MERGE_ATTEMPTS = 5
+# Delta's conflicts a retry on a fresh snapshot resolves (a compaction committed first).
+_RACES = ("ConcurrentAppendException", "ConcurrentDeleteReadException", "ConcurrentDeleteDelete")
+
+
+def _lost_race(exc: Exception) -> bool:
+    text = f"{type(exc).__name__}: {exc}"
+    return any(name in text for name in _RACES)
+
+
+def spark_schema(schema: pa.Schema) -> StructType:
+    """The Spark schema of an Arrow schema of ``schemas/``, nullability included (nested too)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    converted: StructType = from_arrow_schema(schema, prefer_timestamp_ntz=False)
+    return converted
 
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:

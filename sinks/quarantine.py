@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from schemas.tables import NO_TENANT, QUARANTINE_PARTITION_BY, QUARANTINE_SCHEMA, utc_date
-from sinks.delta import DeltaBatchWriter
+from sinks.delta import DeltaTableWriter
 
 TABLE = "quarantine"
 APP_ID = "edgebus.quarantine"
@@ -22,8 +22,8 @@ APP_ID = "edgebus.quarantine"
 Strings: TypeAlias = pa.Array | pa.ChunkedArray | str
 
 
-def quarantine_writer(path: Path | str) -> DeltaBatchWriter:
-    return DeltaBatchWriter(path, APP_ID, QUARANTINE_SCHEMA, QUARANTINE_PARTITION_BY)
+def quarantine_writer(path: Path | str) -> DeltaTableWriter:
+    return DeltaTableWriter(path, APP_ID, QUARANTINE_SCHEMA, QUARANTINE_PARTITION_BY)
 
 
 def quarantine_rows(records: pa.Table, table: Strings, rule: Strings, reason: Strings) -> pa.Table:

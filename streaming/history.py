@@ -1,13 +1,12 @@
 """The history step: every publish on a tenant's own topics, into the Delta ``messages`` table.
 
-Theory of operation: the pipeline's one journal query (``streaming.pipeline``) collects each
-micro-batch as Arrow once and hands every step the records meant for it. This step keeps the
-tenants' own traffic (topics starting with ``$`` are log, counter and control traffic and go to
-their own tables), applies the message contract (``schemas.contracts.MESSAGE_RULES``), derives
-``date`` and ``size`` and appends the rows through a :class:`DeltaBatchWriter`, which commits
-the batch id as a Delta app transaction in the same commit as the rows: a batch replayed after
-a crash is recognised and skipped. Records that break the contract are returned for
-``quarantine``.
+Theory of operation: the pipeline's route (``streaming.route``, run on the executors) hands
+this step the records meant for it: the tenants' own traffic (topics starting with ``$`` are
+log, counter and control traffic and go to their own tables). :func:`split` applies the message
+contract (``schemas.contracts.MESSAGE_RULES``) and derives ``date`` and ``size``; the pipeline
+appends the rows through a :class:`~sinks.delta.DeltaTableWriter`, which commits the batch id
+as a Delta app transaction in the same commit as the rows: a batch replayed after a crash is
+recognised and skipped. Records that break the contract go to ``quarantine``.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import pyarrow.compute as pc
 
 from schemas.contracts import MESSAGE_RULES, first_broken, rows_where
 from schemas.tables import MESSAGES_PARTITION_BY, MESSAGES_SCHEMA, utc_date
-from sinks.delta import DeltaBatchWriter
+from sinks.delta import DeltaTableWriter
 from sinks.quarantine import quarantine_rows
 from streaming.settings import PipelineSettings
 
@@ -43,29 +42,19 @@ def transform(records: pa.Table) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=MESSAGES_SCHEMA)
 
 
-def messages_writer(settings: PipelineSettings) -> DeltaBatchWriter:
-    return DeltaBatchWriter(
+def split(records: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """Accepted journal rows to ``messages`` rows, and the ones that broke the message
+    contract as ``quarantine`` rows."""
+    rules, reasons = first_broken(records, MESSAGE_RULES)
+    kept = pc.is_null(rules)
+    broken = pc.invert(kept)
+    quarantined = quarantine_rows(
+        rows_where(records, broken), TABLE, rules.filter(broken), reasons.filter(broken)
+    )
+    return transform(rows_where(records, kept)), quarantined
+
+
+def messages_writer(settings: PipelineSettings) -> DeltaTableWriter:
+    return DeltaTableWriter(
         settings.table_path(TABLE), APP_ID, MESSAGES_SCHEMA, MESSAGES_PARTITION_BY
     )
-
-
-class HistoryStep:
-    """Appends a micro-batch's device publishes to ``messages``, exactly once per batch id."""
-
-    table = TABLE
-
-    def __init__(self, settings: PipelineSettings) -> None:
-        self.writer = messages_writer(settings)
-        self.writers: tuple[DeltaBatchWriter, ...] = (self.writer,)
-
-    accepts = staticmethod(accepts)
-
-    def __call__(self, batch_id: int, records: pa.Table) -> pa.Table:
-        """Write ``records`` (all accepted); the ones that broke the contract, as quarantine."""
-        rules, reasons = first_broken(records, MESSAGE_RULES)
-        kept = pc.is_null(rules)
-        self.writer.write(batch_id, transform(rows_where(records, kept)))
-        broken = pc.invert(kept)
-        return quarantine_rows(
-            rows_where(records, broken), TABLE, rules.filter(broken), reasons.filter(broken)
-        )

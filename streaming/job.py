@@ -10,7 +10,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from ingest.source import OPTION_CHECKPOINT, OPTION_MAX_RECORDS, OPTION_PATH, SOURCE_NAME
-from sinks.delta import DeltaBatchWriter
+from sinks.delta import DeltaTableWriter
 from streaming.errors import PipelineError
 from streaming.settings import PipelineSettings
 
@@ -44,7 +44,7 @@ def start_query(
     return query
 
 
-def check_checkpoint(checkpoint: Path, writer: DeltaBatchWriter) -> None:
+def check_checkpoint(checkpoint: Path, writer: DeltaTableWriter) -> None:
     """Refuse to start when the table holds batches the checkpoint never planned.
 
     Spark logs a batch's offsets before running it, so a table's last batch id can never be

@@ -1,18 +1,19 @@
 """Analysts' reads of the lake: any edgebus table, as it is now or as of a Delta version or time.
 
-Spark has no Delta reader here (Delta's JVM jars are not available), so every read goes through
-delta-rs: the table, loaded at the version asked for, is queried with DataFusion
-(``deltalake.QueryBuilder``; never ``DeltaTable.to_pyarrow_*``, which can abort the interpreter
-at exit), cast to the table's schema from :data:`schemas.tables.TABLES`, and for Spark turned
-into a DataFrame with that schema, never an inferred one. ``where`` is a DataFusion SQL
-condition; on a partition column (``tenant``, ``date``) it prunes whole files.
+Two ways, one meaning:
 
-Rows are collected on the driver: this is for notebooks and analysis over an embedded lake, not
-for streaming jobs (they read the journal).
+- :func:`load` is Spark's own Delta reader (``spark.read.format("delta")``, time travel with
+  ``versionAsOf``/``timestampAsOf``): a distributed DataFrame, partition-pruned by ``where`` on
+  ``tenant``/``date``, nothing collected to the driver. The session needs Delta's jars
+  (``streaming.session.delta_config``, or ``configure_spark_with_delta_pip``).
+- :func:`load_arrow` is delta-rs and DataFusion on this process, no JVM, for notebooks and
+  commands over an embedded lake (``deltalake.QueryBuilder``; never
+  ``DeltaTable.to_pyarrow_*``, which can abort the interpreter at exit), cast to the table's
+  schema from :data:`schemas.tables.TABLES`.
 
     from streaming import lake
     logs = lake.load(spark, "lake", "logs", where="tenant = 'acme'")
-    before = lake.load_arrow("lake", "messages", version=3)
+    before = lake.load(spark, "lake", "messages", version=3)
     yesterday = lake.load_arrow("lake", "logs", timestamp=datetime(2024, 3, 9, tzinfo=UTC))
 """
 
@@ -25,7 +26,6 @@ import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.pandas.types import from_arrow_schema
 
 from schemas.tables import TABLES, TableSpec
 from sinks.delta import conform, run_sql
@@ -60,14 +60,7 @@ def open_table(
     ``timestamp`` must be time-zone aware; it selects the last version committed at or before
     it. A time before the table was created is an error, not an empty table.
     """
-    table_spec(table)
-    if version is not None and timestamp is not None:
-        raise ValueError("give version or timestamp, not both")
-    if timestamp is not None and timestamp.utcoffset() is None:
-        raise ValueError(f"timestamp must be time-zone aware, got {timestamp.isoformat()}")
-    path = str(Path(lake) / table)
-    if not DeltaTable.is_deltatable(path):
-        raise LakeError(f"{path}: no {table} table (has the pipeline written it yet?)")
+    path = _table_path(lake, table, version, timestamp)
     try:
         delta = DeltaTable(path, version=version)
         if timestamp is not None:
@@ -77,6 +70,21 @@ def open_table(
         at = f" at version {version}" if version is not None else ""
         raise LakeError(f"{path}: cannot load the table{at}: {exc}") from exc
     return delta
+
+
+def _table_path(
+    lake: Path | str, table: str, version: int | None, timestamp: datetime | None
+) -> str:
+    """The path of ``table`` under ``lake`` once the arguments are checked and it is a table."""
+    table_spec(table)
+    if version is not None and timestamp is not None:
+        raise ValueError("give version or timestamp, not both")
+    if timestamp is not None and timestamp.utcoffset() is None:
+        raise ValueError(f"timestamp must be time-zone aware, got {timestamp.isoformat()}")
+    path = str(Path(lake) / table)
+    if not DeltaTable.is_deltatable(path):
+        raise LakeError(f"{path}: no {table} table (has the pipeline written it yet?)")
+    return path
 
 
 def _check_existed(delta: DeltaTable, timestamp: datetime) -> None:
@@ -125,11 +133,19 @@ def load(
     timestamp: datetime | None = None,
     where: str | None = None,
 ) -> DataFrame:
-    """:func:`load_arrow` as a Spark DataFrame with the table's Spark schema."""
-    rows = load_arrow(lake, table, version=version, timestamp=timestamp, where=where)
-    schema = from_arrow_schema(rows.schema)
-    if rows.num_rows == 0:
-        # No rows can mean no chunks (version 0, a filter that matches nothing), and pyspark
-        # cannot convert a nested column (messages.user_properties) without chunks.
-        return spark.createDataFrame([], schema=schema)
-    return spark.createDataFrame(rows, schema=schema)
+    """``table`` as a Spark DataFrame read by Spark's Delta (at ``version`` or as of
+    ``timestamp``, else now), with ``where`` (Spark SQL) applied: partition-pruned,
+    distributed, never collected."""
+    path = _table_path(lake, table, version, timestamp)
+    if timestamp is not None:
+        _check_existed(DeltaTable(path), timestamp)
+    reader = spark.read.format("delta")
+    if version is not None:
+        reader = reader.option("versionAsOf", version)
+    if timestamp is not None:
+        reader = reader.option("timestampAsOf", timestamp.isoformat())
+    try:
+        rows = reader.load(path)
+    except Exception as exc:  # py4j wraps Delta's errors; the message says which
+        raise LakeError(f"{path}: cannot load the table: {exc}") from exc
+    return rows.where(where) if where else rows

@@ -1,14 +1,15 @@
 """The logs step: every log event publish (``$log/{origin}/{event}``), into the ``logs`` table.
 
-Theory of operation: the pipeline's journal query hands this step the records on log topics of
-each micro-batch (see ``streaming.pipeline``). ``transform`` parses each payload against
+Theory of operation: the pipeline's route (``streaming.route``, on the executors) hands this
+step the records on log topics of each micro-batch. ``transform`` parses each payload against
 ``LOG_EVENT_SCHEMA`` (orjson; log events are a small share of the traffic). The row's identity,
 time, date and tenant come from the journal record, never from the payload: a payload cannot
 move a row to another tenant's or day's partition. A payload that breaks the contract is kept
 with ``payload_valid = false``, the first rule it failed and its raw bytes (ARCHITECTURE rule
 5), and is also returned for ``quarantine``; whatever did parse is filled in, and
 ``origin``/``event_type`` fall back to the topic's levels. Rows go to an idempotent
-:class:`DeltaBatchWriter` as in :mod:`streaming.history`, so a replayed batch is skipped.
+:class:`~sinks.delta.DeltaTableWriter` as in :mod:`streaming.history`, so a replayed batch is
+skipped.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pyarrow.compute as pc
 
 from schemas.payloads import LOG_EVENT_SCHEMA, LOG_TOPIC_PREFIX
 from schemas.tables import LOGS_PARTITION_BY, LOGS_SCHEMA, utc_date
-from sinks.delta import DeltaBatchWriter
+from sinks.delta import DeltaTableWriter
 from sinks.quarantine import quarantine_rows
 from streaming.settings import PipelineSettings
 
@@ -122,25 +123,8 @@ def transform(records: pa.Table) -> tuple[pa.Table, pa.Table]:
     return rows, quarantine_rows(records.filter(broken), TABLE, RULE, reasons.filter(broken))
 
 
-def logs_writer(settings: PipelineSettings) -> DeltaBatchWriter:
-    return DeltaBatchWriter(settings.table_path(TABLE), APP_ID, LOGS_SCHEMA, LOGS_PARTITION_BY)
-
-
-class LogsStep:
-    """Appends a micro-batch's log events to ``logs``, exactly once per batch id."""
-
-    table = TABLE
-
-    def __init__(self, settings: PipelineSettings) -> None:
-        self.writer = logs_writer(settings)
-        self.writers: tuple[DeltaBatchWriter, ...] = (self.writer,)
-
-    accepts = staticmethod(accepts)
-
-    def __call__(self, batch_id: int, records: pa.Table) -> pa.Table:
-        rows, quarantined = transform(records)
-        self.writer.write(batch_id, rows)
-        return quarantined
+def logs_writer(settings: PipelineSettings) -> DeltaTableWriter:
+    return DeltaTableWriter(settings.table_path(TABLE), APP_ID, LOGS_SCHEMA, LOGS_PARTITION_BY)
 
 
 def _object(payload: bytes) -> dict[str, Any] | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from schemas.tables import TABLES
 from sinks.maintenance import MaintenanceReport, describe, maintain_table
@@ -20,29 +21,39 @@ from sinks.upsert import table_exists
 from streaming.schedule import IntervalSchedule
 from streaming.settings import PipelineSettings
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
 logger = logging.getLogger(__name__)
 
 # What maintains one table: its path and the vacuum retention in hours (tests inject a fake).
 Maintainer = Callable[[Path, float], MaintenanceReport]
 
 
-def _maintain(path: Path, retention_hours: float) -> MaintenanceReport:
-    return maintain_table(path, vacuum_retention_hours=retention_hours)
+def spark_maintainer(spark: SparkSession) -> Maintainer:
+    """Maintains tables with Spark's Delta on a session of its own (same SparkContext), so
+    its SQL settings never mix with the stream's."""
+    session = spark.newSession()
+
+    def maintain(path: Path, retention_hours: float) -> MaintenanceReport:
+        return maintain_table(session, path, vacuum_retention_hours=retention_hours)
+
+    return maintain
 
 
 class MaintenanceSchedule(IntervalSchedule):
     """Maintains every table of the lake every ``settings.maintenance_interval_seconds``.
 
     See :class:`~streaming.schedule.IntervalSchedule` for when (0: never) and how: off-thread,
-    one run at a time. ``maintain`` is injectable (tests).
+    one run at a time. ``maintain`` does one table (:func:`spark_maintainer`; tests inject
+    their own).
     """
 
     def __init__(
         self,
         settings: PipelineSettings,
+        maintain: Maintainer,
         tables: Iterable[str] = TABLES,
-        *,
-        maintain: Maintainer = _maintain,
     ) -> None:
         super().__init__("maintenance", settings.maintenance_interval_seconds)
         self._settings = settings

@@ -3,30 +3,28 @@
 Theory of operation
 -------------------
 The ``edgebus`` source replays the journals by offset (``ingest.source``). One query reads them
-and, per micro-batch, :class:`TableFanout` collects the batch as Arrow once and hands each table
-step the records meant for it:
+and, per micro-batch, :class:`TableFanout` (the ``foreachBatch`` function) does this, with
+every row staying on the executors:
 
-1. the record contract (``schemas.contracts.RECORD_RULES``: tenant, topic, sane ts) for every
-   record; a record that breaks it goes to ``quarantine`` for the table it was meant for;
-2. :class:`~streaming.history.HistoryStep` → ``messages`` (device topics, message contract);
-3. :class:`~streaming.logs.LogsStep` → ``logs`` (``$log/``);
-4. :class:`~streaming.usage.UsageStep` → ``usage`` (``$counters/``), then the quota step →
-   ``quota_events`` and the decisions to the edges;
-5. every record a step rejected → ``quarantine``, in one commit.
+1. :func:`streaming.route.route_batches` runs with ``mapInArrow`` over the batch: the record
+   contract, then each table's pure step (``messages``, ``logs``, counter records), every
+   rejected record as a ``quarantine`` row. The routed rows are persisted on the executors, so
+   the journals are read once per batch however many tables there are.
+2. One small aggregation brings the row count per destination to the driver.
+3. Each table is written from its share by Spark's Delta writer (``sinks.delta``):
+   ``messages``, ``logs``, then ``usage`` (a merge, :mod:`streaming.usage`) and the quota step
+   (``quota_events`` and the decisions to the edges), then ``quarantine``.
 
 Exactly once: every table's writer commits its rows with the Delta app transaction ``(app_id,
-batch_id)`` in the same commit. Spark logs a batch's offsets before running it and marks it done
-after ``foreachBatch`` returns, so a crash anywhere in between replays the same batch with the
-same records, and each table skips it if it has it already: tables committed before the crash
-are left alone, the others are written. The quota step runs after the usage commit, so its
-decisions always see the usage that caused them.
+batch_id)`` in the same commit (``txnAppId``/``txnVersion``). Spark logs a batch's offsets
+before running it and marks it done after ``foreachBatch`` returns, so a crash anywhere in
+between replays the same batch with the same records, and each table skips it if it has it
+already: tables committed before the crash are left alone, the others are written. The quota
+step runs after the usage commit, so its decisions always see the usage that caused them.
 
-Why one query and Arrow steps rather than one Spark query per table: three queries each read
-and decode the whole journal to keep a share of it (measured: 17,000 rows/s for three
-queries). The Delta writers (delta-rs) take Arrow on the driver anyway, so collecting the batch
-once and splitting it with pyarrow compute costs one read per batch, not one per table, and
-keeps each table's transform a pure Arrow function (unit-tested without Spark). Spark still owns
-what makes the stream exactly once: offsets, the checkpoint, batch planning, parallel reads.
+Only small results reach the driver: the per-destination counts, the usage step's day totals
+per tenant and metric, the quota step's decisions. The driver's memory does not grow with the
+batch (BENCHMARKS.md, issue 18).
 """
 
 from __future__ import annotations
@@ -34,23 +32,20 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
-from typing import Protocol, TypeAlias
 
-import pyarrow as pa
-import pyarrow.compute as pc
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F  # noqa: N812 (pyspark's own convention)
 from pyspark.sql.streaming.query import StreamingQuery
 
-from schemas.contracts import RECORD_RULES, first_broken, rows_where
-from schemas.journal import JOURNAL_SCHEMA
-from sinks.delta import DeltaBatchWriter, conform
-from sinks.quarantine import quarantine_rows, quarantine_writer
+from sinks.delta import DeltaTableWriter, spark_schema
+from sinks.quarantine import quarantine_writer
+from streaming import route
 from streaming.errors import PipelineError
-from streaming.history import HistoryStep
+from streaming.history import messages_writer
 from streaming.job import check_checkpoint, journal_stream, start_query
-from streaming.logs import LogsStep
-from streaming.maintenance import MaintenanceSchedule
+from streaming.logs import logs_writer
+from streaming.maintenance import MaintenanceSchedule, spark_maintainer
 from streaming.quality import QualitySchedule
 from streaming.quota_settings import QuotaSettings
 from streaming.schedule import IntervalSchedule
@@ -63,76 +58,51 @@ logger = logging.getLogger(__name__)
 # The query's name and checkpoint directory (``{lake}/_checkpoints/journal``).
 JOB = "journal"
 QUARANTINE_TABLE = "quarantine"
-# Where a record that breaks the record contract was meant to go when no step takes it.
-UNROUTED = "none"
 
 # How often a long run checks whether the query failed (a set stop event is seen at once).
 POLL_SECONDS = 0.5
 # How long stopping waits for a running micro-batch to finish before interrupting it.
 STOP_GRACE_SECONDS = 30.0
 
-Mask: TypeAlias = pa.Array | pa.ChunkedArray
-
-
-class Step(Protocol):
-    """One table's step: takes the records ``accepts`` selects, writes them exactly once per
-    batch id, and returns the ones that broke its contract as ``quarantine`` rows."""
-
-    table: str
-    writers: tuple[DeltaBatchWriter, ...]
-
-    def accepts(self, topics: Mask) -> Mask: ...
-
-    def __call__(self, batch_id: int, records: pa.Table) -> pa.Table: ...
-
-
-def table_steps(settings: PipelineSettings, quota: QuotaSettings | None) -> list[Step]:
-    """Every table's step, in the order they run: ``messages`` first (what analysts wait for),
-    the usage step last but for quarantine (with the quota step when ``quota`` is given)."""
-    return [HistoryStep(settings), LogsStep(settings), UsageStep(settings, quota)]
-
 
 class TableFanout:
     """The ``foreachBatch`` function: one micro-batch of journal records into every table."""
 
-    def __init__(self, steps: Sequence[Step], quarantine: DeltaBatchWriter) -> None:
-        self.steps = list(steps)
-        self.quarantine = quarantine
+    def __init__(self, settings: PipelineSettings, quota: QuotaSettings | None) -> None:
+        # The appends, in the order they commit: ``messages`` first (what analysts wait for).
+        self.appends: dict[str, DeltaTableWriter] = {
+            route.MESSAGES: messages_writer(settings),
+            route.LOGS: logs_writer(settings),
+        }
+        self.usage = UsageStep(settings, quota)
+        self.quarantine = quarantine_writer(settings.table_path(QUARANTINE_TABLE))
 
     @property
-    def writers(self) -> list[DeltaBatchWriter]:
-        return [w for step in self.steps for w in step.writers] + [self.quarantine]
+    def writers(self) -> list[DeltaTableWriter]:
+        return [*self.appends.values(), *self.usage.writers, self.quarantine]
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        self.write(batch_id, batch.toArrow())
+        routed = batch.mapInArrow(route.route_batches, spark_schema(route.ROUTED_SCHEMA)).persist(
+            StorageLevel.MEMORY_AND_DISK
+        )
+        try:
+            counts = {row["dest"]: row["count"] for row in routed.groupBy("dest").count().collect()}
+            logger.debug("batch %d: %s", batch_id, counts)
+            for dest, writer in self.appends.items():
+                if counts.get(dest):
+                    writer.append(batch_id, _share(routed, dest, writer))
+            counters = _share(routed, route.COUNTERS) if counts.get(route.COUNTERS) else None
+            self.usage(batch.sparkSession, batch_id, counters)
+            if counts.get(route.QUARANTINE):
+                self.quarantine.append(batch_id, _share(routed, route.QUARANTINE, self.quarantine))
+        finally:
+            routed.unpersist()
 
-    def write(self, batch_id: int, journal: pa.Table) -> None:
-        """Write batch ``batch_id`` (journal records, any Arrow types equal to the journal's)."""
-        records = conform(journal, JOURNAL_SCHEMA)
-        rules, reasons = first_broken(records, RECORD_RULES)
-        kept = pc.is_null(rules)
-        broken = pc.invert(kept)
-        rejected = rows_where(records, broken)
-        quarantined = [
-            quarantine_rows(
-                rejected,
-                self._meant_for(rejected.column("topic")),
-                rules.filter(broken),
-                reasons.filter(broken),
-            )
-        ]
-        good = rows_where(records, kept)
-        topics = good.column("topic")
-        quarantined += [
-            step(batch_id, rows_where(good, step.accepts(topics))) for step in self.steps
-        ]
-        self.quarantine.write(batch_id, pa.concat_tables(quarantined))
 
-    def _meant_for(self, topics: Mask) -> Mask:
-        tables: Mask = pa.array([UNROUTED] * len(topics), pa.string())
-        for step in reversed(self.steps):  # the first step that accepts a topic wins
-            tables = pc.if_else(step.accepts(topics), pa.scalar(step.table), tables)
-        return tables
+def _share(routed: DataFrame, dest: str, writer: DeltaTableWriter | None = None) -> DataFrame:
+    """The routed rows for ``dest`` with that destination's columns."""
+    names = writer.schema.names if writer is not None else route.DESTINATIONS[dest].names
+    return routed.where(F.col("dest") == dest).select(*[F.col(f"`{name}`") for name in names])
 
 
 def start(
@@ -144,10 +114,7 @@ def start(
     enforcement can be switched on and off across restarts.
     """
     checkpoint = settings.checkpoint_path(JOB)
-    fanout = TableFanout(
-        table_steps(settings, quota),
-        quarantine_writer(settings.table_path(QUARANTINE_TABLE)),
-    )
+    fanout = TableFanout(settings, quota)
     for writer in fanout.writers:
         check_checkpoint(checkpoint, writer)
     query = start_query(
@@ -193,7 +160,10 @@ def run(
             query.processAllAvailable()
             logger.info("%s: caught up", query.name)
         else:
-            schedules = [QualitySchedule.from_settings(settings), MaintenanceSchedule(settings)]
+            schedules = [
+                QualitySchedule.from_settings(session, settings),
+                MaintenanceSchedule(settings, spark_maintainer(session)),
+            ]
             _wait(query, stop if stop is not None else threading.Event(), schedules)
     finally:
         try:

@@ -4,14 +4,15 @@ Theory of operation
 -------------------
 :func:`run_quality` is one run. For each table with a suite (``schemas.expectations``) that the
 lake has, it reads the rows of the last ``days`` UTC dates (today and yesterday by default)
-through delta-rs with a condition on the ``date`` partition column, so only those partitions'
-files are opened, and only the columns the suite looks at (never a payload), at most
-``max_rows`` of them. The rows go into pandas and are validated through a GX pandas datasource
-of an ephemeral context (nothing on disk). Every expectation result becomes one row of
-``quality_results`` (``schemas.quality``); a table that cannot be read or validated becomes one
-failed row saying why, so a broken table is visible, not silent.
+with Spark's Delta reader and a condition on the ``date`` partition column, so only those
+partitions' files are opened, and only the columns the suite looks at (never a payload), at
+most ``max_rows`` of them. The Spark DataFrame is validated where it lives, through a GX Spark
+datasource of an ephemeral context (nothing on disk, nothing collected to the driver but the
+expectations' metrics). Every expectation result becomes one row of ``quality_results``
+(``schemas.quality``); a table that cannot be read or validated becomes one failed row saying
+why, so a broken table is visible, not silent.
 
-All rows of a run are appended in one Delta commit by :class:`~sinks.delta.DeltaBatchWriter`,
+All rows of a run are appended in one Delta commit by :class:`~sinks.delta.DeltaTableWriter`,
 with the run's number as the batch id of app ``edgebus.quality``: the number comes from the
 table's own log (the last committed run plus one), readers never see half a run, and runs are
 numbered without any state outside the lake. Runs do not overlap (one schedule, one thread), so
@@ -27,6 +28,7 @@ before.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -36,8 +38,6 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-
 from schemas.quality import (
     QUALITY_APP_ID,
     QUALITY_RESULTS_PARTITION_BY,
@@ -45,18 +45,19 @@ from schemas.quality import (
     QUALITY_RESULTS_TABLE,
     VALIDATION_ERROR,
 )
-from sinks.delta import DeltaBatchWriter, read_table
+from sinks.delta import DeltaTableWriter, spark_schema
 from streaming.schedule import IntervalSchedule
 from streaming.settings import PipelineSettings
 
 if TYPE_CHECKING:
-    from great_expectations.datasource.fluent import PandasDatasource
+    from great_expectations.datasource.fluent import SparkDatasource
+    from pyspark.sql import DataFrame, SparkSession
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_DAYS = 2
-# Enough to catch what a day's batches get wrong without pulling a big table into memory: the
-# suites read a handful of narrow columns, about 100 bytes a row in pandas.
+# Enough to catch what a day's batches get wrong and bound a run's cost: the suites read a
+# handful of narrow columns.
 DEFAULT_MAX_ROWS = 1_000_000
 # How much of an exception a result row keeps.
 _ERROR_CHARS = 2_000
@@ -84,6 +85,7 @@ class QualityResult:
 
 
 def run_quality(
+    spark: SparkSession,
     lake: Path,
     *,
     now: datetime,
@@ -107,7 +109,7 @@ def run_quality(
     unknown = [name for name in names if name not in SUITES]
     if unknown:
         raise ValueError(f"no suite for {unknown}; suites: {', '.join(SUITES)}")
-    writer = DeltaBatchWriter(
+    writer = DeltaTableWriter(
         lake / QUALITY_RESULTS_TABLE,
         QUALITY_APP_ID,
         QUALITY_RESULTS_SCHEMA,
@@ -122,9 +124,12 @@ def run_quality(
         if not _is_table(path):
             logger.debug("quality run %d: no %s table yet, skipped", run.number, table)
             continue
-        results += run.validate(datasource, table, path)
+        results += run.validate(spark, datasource, table, path)
     if results:
-        writer.write(run.number, pa.Table.from_pylist([r.row() for r in results]))
+        rows = spark.createDataFrame(
+            [r.row() for r in results], schema=spark_schema(QUALITY_RESULTS_SCHEMA)
+        )
+        writer.append(run.number, rows)
     return results
 
 
@@ -142,26 +147,25 @@ class Run:
         last = self.at.astimezone(UTC).date()
         return last - timedelta(days=self.days - 1), last
 
-    def validate(self, datasource: PandasDatasource, table: str, path: Path) -> list[QualityResult]:
+    def validate(
+        self, spark: SparkSession, datasource: SparkDatasource, table: str, path: Path
+    ) -> list[QualityResult]:
         """The results of ``table``'s suite over its recent rows; one failed row if it breaks."""
         from schemas.expectations import build_suite, suite_columns
 
         suite = build_suite(table)
         try:
             first, last = self.dates
-            frame = read_table(
-                path,
-                f"date BETWEEN DATE '{first.isoformat()}' AND DATE '{last.isoformat()}'",
-                suite_columns(suite),
-                limit=self.max_rows,
-            ).to_pandas()
+            frame = _recent_rows(spark, path, suite_columns(suite), first, last).limit(
+                self.max_rows
+            )
             batch = (
                 datasource.add_dataframe_asset(table)
                 .add_batch_definition_whole_dataframe("recent")
                 .get_batch(batch_parameters={"dataframe": frame})
             )
             validation = batch.validate(suite, result_format="SUMMARY")
-        except Exception as exc:  # GX and delta-rs raise many types; any of them fails the table
+        except Exception as exc:  # GX and Spark raise many types; any of them fails the table
             logger.warning("quality run %d: %s not validated: %s", self.number, table, exc)
             return [self._failed(table, suite.name, exc)]
         return [self._result(table, suite.name, item) for item in validation.results]
@@ -211,8 +215,22 @@ class Run:
         )
 
 
-def _datasource() -> PandasDatasource:
-    """A pandas datasource of a new ephemeral GX context (in memory), no progress bars."""
+def _recent_rows(
+    spark: SparkSession, path: Path, columns: list[str], first: date, last: date
+) -> DataFrame:
+    """The ``columns`` of the table at ``path`` on the dates from ``first`` to ``last``,
+    partition-pruned; :class:`LookupError` naming the columns the table lacks."""
+    rows = spark.read.format("delta").load(str(path))
+    missing = [name for name in columns if name not in rows.columns]
+    if missing:
+        raise LookupError(f"{path}: no such columns {missing}")
+    return rows.where(
+        f"date BETWEEN DATE '{first.isoformat()}' AND DATE '{last.isoformat()}'"
+    ).select(*[f"`{name}`" for name in columns])
+
+
+def _datasource() -> SparkDatasource:
+    """A Spark datasource of a new ephemeral GX context (in memory), no progress bars."""
     # GX logs its own housekeeping at INFO on every import and context; only its warnings
     # are ours to see.
     logging.getLogger("great_expectations").setLevel(logging.WARNING)
@@ -229,7 +247,7 @@ def _datasource() -> PandasDatasource:
         analytics_enabled=False,
     )
     context = gx.get_context(mode="ephemeral", project_config=config)
-    datasource: PandasDatasource = context.data_sources.add_pandas("edgebus")
+    datasource: SparkDatasource = context.data_sources.add_spark("edgebus")
     return datasource
 
 
@@ -301,9 +319,10 @@ def _utc_now() -> datetime:
 class QualitySchedule(IntervalSchedule):
     """Runs :func:`run_quality` over ``lake`` every ``interval_seconds`` (0: never), off-thread.
 
-    See :class:`~streaming.schedule.IntervalSchedule` for when; ``run`` and ``clock`` are
-    injectable (tests). :meth:`close` waits for a run in flight, so the process does not exit in
-    the middle of a Delta commit.
+    See :class:`~streaming.schedule.IntervalSchedule` for when; ``run`` is one run over the
+    lake (:func:`run_quality` on a session, :meth:`from_settings`; tests inject their own) and
+    ``clock`` is injectable. :meth:`close` waits for a run in flight, so the process does not
+    exit in the middle of a Delta commit.
     """
 
     def __init__(
@@ -311,7 +330,7 @@ class QualitySchedule(IntervalSchedule):
         lake: Path,
         interval_seconds: float,
         *,
-        run: RunQuality = run_quality,
+        run: RunQuality,
         clock: Callable[[], datetime] = _utc_now,
     ) -> None:
         super().__init__("quality", interval_seconds)
@@ -320,8 +339,12 @@ class QualitySchedule(IntervalSchedule):
         self._clock = clock
 
     @classmethod
-    def from_settings(cls, settings: PipelineSettings) -> QualitySchedule:
-        return cls(settings.lake, settings.quality_interval_seconds)
+    def from_settings(cls, spark: SparkSession, settings: PipelineSettings) -> QualitySchedule:
+        """The pipeline's schedule. Runs use a session of their own (same SparkContext), so
+        their SQL settings never mix with the stream's (the usage merge sets Delta's
+        txnAppId/txnVersion on the stream's session)."""
+        run = functools.partial(run_quality, spark.newSession())
+        return cls(settings.lake, settings.quality_interval_seconds, run=run)
 
     def run_once(self) -> Sequence[QualityResult]:
         """One run now, in this thread; its results (logged, and in ``quality_results``)."""

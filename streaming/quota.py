@@ -41,9 +41,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import date, datetime
 from pathlib import Path
-from typing import Any
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, Any
 
 from schemas.usage import (
     CONTROL_TOPIC_PREFIX,
@@ -51,12 +49,15 @@ from schemas.usage import (
     QUOTA_EVENTS_PARTITION_BY,
     QUOTA_EVENTS_SCHEMA,
 )
-from sinks.delta import DeltaBatchWriter
+from sinks.delta import DeltaTableWriter, spark_schema
 from sinks.mqtt import DecisionPublisher
 from sinks.upsert import query_table, sql_string, table_exists
 from streaming.errors import PipelineConfigError
 from streaming.quota_settings import QuotaSettings, TenantLimits
 from streaming.settings import PipelineSettings
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 logger = logging.getLogger(__name__)
 
@@ -184,7 +185,7 @@ class QuotaStep:
         quota: QuotaSettings,
         publisher: DecisionPublisher | None = None,
     ) -> None:
-        self.events = DeltaBatchWriter(
+        self.events = DeltaTableWriter(
             settings.table_path(TABLE), APP_ID, QUOTA_EVENTS_SCHEMA, QUOTA_EVENTS_PARTITION_BY
         )
         self._usage_path = settings.table_path(USAGE_TABLE)
@@ -199,7 +200,7 @@ class QuotaStep:
         self._day: date | None = None
         self._totals: dict[tuple[str, str], int] = {}
 
-    def run(self, batch_id: int, committed: DayTotals) -> None:
+    def run(self, spark: SparkSession, batch_id: int, committed: DayTotals) -> None:
         """Decide batch ``batch_id``; ``committed``: the day totals its usage commit reported."""
         first = self._recorded is None
         recorded = self._recorded = load_recorded(self.events.path) if first else self._recorded
@@ -221,8 +222,11 @@ class QuotaStep:
                 warn_ratio=self._quota.warn_ratio,
             )
             if events:
-                table = pa.Table.from_pylist([e.row() for e in events], schema=QUOTA_EVENTS_SCHEMA)
-                self.events.write(batch_id, table)
+                # A handful of decisions made on the driver: the one small write from there.
+                rows = spark.createDataFrame(
+                    [e.row() for e in events], schema=spark_schema(QUOTA_EVENTS_SCHEMA)
+                )
+                self.events.append(batch_id, rows)
                 for event in events:
                     logger.info(
                         "quota: tenant %s %s: %s (%d of %s)",

@@ -4,21 +4,24 @@
 Theory of operation
 -------------------
 Every edge publishes, per tenant and metric, one counter record per counter interval (default
-10 s); they are journaled like any publish. ``transform`` keeps those records, parses their
-JSON payload and assigns it its one-minute window; ``partials`` reduces each micro-batch (no
-streaming state) to one row per tenant, metric, window and node: a
-counter's deltas summed, a gauge's value reported last. A counter interval belongs
-to the window its ``interval_end`` falls in (the moment it was reported).
+2 s); they are journaled like any publish. ``transform`` (run on the executors by the
+pipeline's route, ``streaming.route``) keeps those records, parses their JSON payload and
+assigns it its one-minute window; :func:`partials` (a Spark aggregation) reduces each
+micro-batch (no streaming state) to one row per tenant, metric, window and node: a counter's
+deltas summed, a gauge's value reported last. A counter interval belongs to the window its
+``interval_end`` falls in (the moment it was reported).
 
-A minute spans micro-batches (ten-second intervals from several edges, journals read at
-different paces, a node catching up late), so the sink *upserts*: for the windows a batch
-touches it reads the stored rows, adds the batch's partials node by node (each row keeps its
-per-node parts in ``nodes``: without them a gauge could not be combined across batches),
-recomputes ``value`` and the running ``day_value`` of every later window of the same tenant,
-metric and day, and merges the changed rows keyed by ``(tenant, date, metric, window_start)``.
+A minute spans micro-batches (intervals from several edges, journals read at different
+paces, a node catching up late), so the sink *upserts*: the batch's partials are cogrouped by
+``(tenant, metric, date)`` with the stored rows of the partitions they touch, and
+:func:`combine_group` (on the executors, one group at a time) adds the partials node by node
+(each row keeps its per-node parts in ``nodes``: without them a gauge could not be combined
+across batches), recomputes ``value`` and the running ``day_value`` of every later window of
+the same tenant, metric and day; Spark's Delta merges the changed rows keyed by ``(tenant,
+date, metric, window_start)``. Only each group's day total reaches the driver (the quota step).
 
 Exactly once: the merge carries the Delta app transaction ``(edgebus.usage, batch_id)`` in the
-same commit (:class:`~sinks.upsert.DeltaUpsertWriter`). A batch replayed after a crash is
+same commit (:meth:`~sinks.delta.DeltaTableWriter.merge`). A batch replayed after a crash is
 skipped before anything is read, so its deltas are never added twice; a crash before the commit
 leaves the table as it was, and the replay computes the same rows again. The stored rows a batch
 builds on were written by earlier batches of this same query only.
@@ -32,7 +35,8 @@ Spark's own streaming aggregation was rejected too: it needs a watermark to boun
 and a watermark drops the counters of a node whose journal is read late.
 
 Counter records whose topic or payload breaks the counter contract (:func:`parse`) go to
-``quarantine`` with the reason.
+``quarantine`` with the reason; so does any counter record not published by the edge itself
+(client ``$edge``) and any counter with a negative delta: no client can move its tenant's usage.
 """
 
 from __future__ import annotations
@@ -49,19 +53,22 @@ import pyarrow.compute as pc
 
 from schemas.usage import (
     COUNTER_KINDS,
+    COUNTER_RECORD_SCHEMA,
     COUNTERS_TOPIC_PREFIX,
+    EDGE_CLIENT_ID,
     USAGE_KEY,
-    USAGE_PARTIAL_SCHEMA,
     USAGE_PARTITION_BY,
     USAGE_SCHEMA,
 )
-from sinks.delta import DeltaBatchWriter, conform, read_table
+from sinks.delta import DeltaTableWriter, spark_schema
 from sinks.quarantine import quarantine_rows
-from sinks.upsert import DeltaUpsertWriter, query_table, sql_string, table_exists
+from sinks.upsert import sql_string
 from streaming.quota_settings import QuotaSettings
 from streaming.settings import PipelineSettings
 
 if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
     from streaming.quota import QuotaStep
 
 logger = logging.getLogger(__name__)
@@ -86,11 +93,16 @@ def accepts(topics: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
     return pc.starts_with(topics, COUNTERS_TOPIC_PREFIX)
 
 
-def parse(topic: str, payload: bytes) -> tuple[dict[str, Any] | None, str | None]:
+def parse(
+    topic: str, payload: bytes, client_id: str = EDGE_CLIENT_ID
+) -> tuple[dict[str, Any] | None, str | None]:
     """One ``$counters/{metric}`` payload to its parsed fields, or None and the rule it broke.
 
     The tenant and node come from the journal record, not the payload: the edge wrote those.
+    ``client_id`` is the record's publisher: only the edge's own counters count.
     """
+    if client_id != EDGE_CLIENT_ID:
+        return None, f"published by client {client_id!r}, not by the edge ({EDGE_CLIENT_ID})"
     metric = topic[len(COUNTERS_TOPIC_PREFIX) :]
     if not metric or "/" in metric:
         return None, f"topic {topic} does not name one metric"
@@ -105,6 +117,8 @@ def parse(topic: str, payload: bytes) -> tuple[dict[str, Any] | None, str | None
     for name in ("delta", "total"):
         if not isinstance(doc.get(name), int) or isinstance(doc.get(name), bool):
             return None, f"field {name!r} is missing, null or not an integer"
+    if doc["kind"] == "counter" and doc["delta"] < 0:
+        return None, "field 'delta' is negative: a counter only grows"
     end = _timestamp(doc.get("interval_end"))
     if end is None:
         return None, "field 'interval_end' is missing or not an ISO 8601 time"
@@ -117,20 +131,19 @@ def parse(topic: str, payload: bytes) -> tuple[dict[str, Any] | None, str | None
     }, None
 
 
-def transform(records: pa.Table) -> tuple[list[Row], pa.Table]:
-    """Journal rows on counter topics to parsed counter records (one dict each: tenant,
-    metric, kind, window_start, date, node, seq, delta, total, interval_end), and the records
-    that broke the counter contract as ``quarantine`` rows."""
+def transform(records: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """Journal rows on counter topics to parsed counter records (``COUNTER_RECORD_SCHEMA``),
+    and the records that broke the counter contract as ``quarantine`` rows."""
     counters: list[Row] = []
     reasons: list[str | None] = []
-    for tenant, node, seq, topic, payload in zip(
+    for tenant, node, seq, client_id, topic, payload in zip(
         *(
             records.column(name).to_pylist()
-            for name in ("tenant", "node", "seq", "topic", "payload")
+            for name in ("tenant", "node", "seq", "client_id", "topic", "payload")
         ),
         strict=True,
     ):
-        fields, reason = parse(topic, payload)
+        fields, reason = parse(topic, payload, client_id)
         reasons.append(reason)
         if fields is None:
             continue
@@ -154,38 +167,23 @@ def transform(records: pa.Table) -> tuple[list[Row], pa.Table]:
         RULE,
         pa.array([r for r in reasons if r is not None], pa.string()),
     )
-    return counters, quarantined
+    return pa.Table.from_pylist(counters, schema=COUNTER_RECORD_SCHEMA), quarantined
 
 
-def partials(counters: Iterable[Row]) -> pa.Table:
-    """One micro-batch of :func:`transform` records to ``USAGE_PARTIAL_SCHEMA``: one row per
-    tenant, metric, window and node (a counter's deltas summed, a gauge's last value)."""
-    groups: dict[tuple[Any, ...], Row] = {}
-    for c in counters:
-        key = (c["tenant"], c["metric"], c["kind"], c["window_start"], c["date"], c["node"])
-        group = groups.get(key)
-        if group is None:
-            groups[key] = group = {"delta": 0, "last": None, "reported_at": c["interval_end"]}
-        group["delta"] += c["delta"]
-        # A gauge's value in the window is the one reported last (seq breaks a tie).
-        order = (c["interval_end"], c["seq"])
-        if group["last"] is None or order > group["last"][0]:
-            group["last"] = (order, c["total"])
-        group["reported_at"] = max(group["reported_at"], c["interval_end"])
-    rows = [
-        {
-            "tenant": tenant,
-            "metric": metric,
-            "kind": kind,
-            "window_start": window_start,
-            "date": day,
-            "node": node,
-            "value": group["last"][1] if kind == "gauge" else group["delta"],
-            "reported_at": group["reported_at"],
-        }
-        for (tenant, metric, kind, window_start, day, node), group in groups.items()
-    ]
-    return pa.Table.from_pylist(rows, schema=USAGE_PARTIAL_SCHEMA)
+def partials(counters: DataFrame) -> DataFrame:
+    """Counter records (``COUNTER_RECORD_SCHEMA``) to ``USAGE_PARTIAL_SCHEMA`` rows: one per
+    tenant, metric, window and node (a counter's deltas summed, a gauge's value reported last,
+    ``seq`` breaking a tie), as a Spark aggregation on the executors."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    keys = ("tenant", "metric", "kind", "window_start", "date", "node")
+    grouped = counters.groupBy(*keys).agg(
+        F.sum("delta").alias("summed"),
+        F.max_by("total", F.struct("interval_end", "seq")).alias("last"),
+        F.max("interval_end").alias("reported_at"),
+    )
+    value = F.when(F.col("kind") == "gauge", F.col("last")).otherwise(F.col("summed"))
+    return grouped.select(*keys, value.cast("bigint").alias("value"), "reported_at")
 
 
 def _timestamp(value: object) -> datetime | None:
@@ -292,64 +290,84 @@ def _content(row: Row) -> tuple[Any, ...]:
     return (row["value"], row["day_value"], nodes)
 
 
+# What :func:`combine_group` hands back: the usage rows that changed, with the day total of
+# their group (tenant, metric, date) at its last window.
+COMBINED_SCHEMA = pa.schema([*USAGE_SCHEMA, pa.field("day_total", pa.int64(), nullable=False)])
+_GROUP = ("tenant", "metric", "date")
+
+
+def combine_group(parts: pa.Table, stored: pa.Table) -> pa.Table:
+    """One group's partials (``USAGE_PARTIAL_SCHEMA``) added to its stored rows of that day
+    (``USAGE_SCHEMA``): the changed rows (``COMBINED_SCHEMA``). The pure step the usage merge
+    runs on the executors, one ``(tenant, metric, date)`` at a time (a Spark cogroup)."""
+    if parts.num_rows == 0:
+        return COMBINED_SCHEMA.empty_table()
+    part_rows = parts.to_pylist()
+    first = min(p["window_start"] for p in part_rows)
+    stored_rows = stored.to_pylist()
+    bases: dict[GroupKey, int] = {}
+    before = [row for row in stored_rows if row["window_start"] < first]
+    if before:
+        newest = max(before, key=lambda row: row["window_start"])
+        bases[_window_key(newest)[:3]] = newest["day_value"]
+    later = [row for row in stored_rows if row["window_start"] >= first]
+    changed, totals = combine(part_rows, later, bases)
+    rows = [{**row, "day_total": totals[_window_key(row)[:3]]} for row in changed]
+    return pa.Table.from_pylist(rows, schema=COMBINED_SCHEMA)
+
+
 class UsageWriter:
-    """Upserts micro-batches of partials into ``usage``, exactly once per batch id."""
+    """Upserts micro-batches of counter records into ``usage``, exactly once per batch id."""
 
     def __init__(self, settings: PipelineSettings) -> None:
-        self.delta = DeltaUpsertWriter(
+        self.delta = DeltaTableWriter(
             settings.table_path(TABLE), APP_ID, USAGE_SCHEMA, USAGE_PARTITION_BY
         )
 
-    def write(self, batch_id: int, parts: pa.Table) -> dict[GroupKey, int]:
-        """Add the partials of batch ``batch_id``; the day totals of the groups it changed.
+    def write(self, batch_id: int, counters: DataFrame) -> dict[GroupKey, int]:
+        """Add the counter records of batch ``batch_id``; the day totals of the groups it
+        changed (the only rows that reach the driver).
 
         Empty when nothing was committed: no counter records, or a replayed batch.
         """
-        data = conform(parts, USAGE_PARTIAL_SCHEMA)
-        if data.num_rows == 0:
-            return {}
+        from pyspark import StorageLevel
+
         done = self.delta.last_batch_id()
         if done is not None and done >= batch_id:
             logger.info("usage: batch %d already committed, skipping replay", batch_id)
             return {}
-        rows = data.to_pylist()
-        stored, bases = self._stored(rows)
-        changed, totals = combine(rows, stored, bases)
-        table = pa.Table.from_pylist(changed, schema=USAGE_SCHEMA)
-        self.delta.upsert(batch_id, table, USAGE_KEY)
+        spark = counters.sparkSession
+        parts = partials(counters)
+        touched = parts.select("tenant", "date").distinct().collect()
+        if not touched:
+            return {}
+        prune = (
+            f"tenant IN ({_sql_list(row['tenant'] for row in touched)})"
+            f" AND date IN ({', '.join(sorted({_date(row['date']) for row in touched}))})"
+        )
+        self.delta.ensure(spark)
+        stored = spark.read.format("delta").load(self.delta.path).where(prune)
+        combined = (
+            parts.groupBy(*_GROUP)
+            .cogroup(stored.groupBy(*_GROUP))
+            .applyInArrow(combine_group, spark_schema(COMBINED_SCHEMA))
+            .persist(StorageLevel.MEMORY_AND_DISK)
+        )
+        try:
+            totals = {
+                (row["tenant"], row["metric"], row["date"]): int(row["day_total"])
+                for row in combined.select(*_GROUP, "day_total").distinct().collect()
+            }
+            if totals:
+                target = prune.replace("tenant IN", "t.tenant IN").replace("date IN", "t.date IN")
+                self.delta.merge(batch_id, combined, USAGE_KEY, prune=target)
+        finally:
+            combined.unpersist()
         return totals
 
-    def _stored(self, parts: list[Row]) -> tuple[list[Row], dict[GroupKey, int]]:
-        """The stored rows ``combine`` needs, read per UTC day the partials touch."""
-        if not table_exists(self.delta.path):
-            return [], {}
-        stored: list[Row] = []
-        bases: dict[GroupKey, int] = {}
-        for day in sorted({p["date"] for p in parts}):
-            day_parts = [p for p in parts if p["date"] == day]
-            first = min(p["window_start"] for p in day_parts)
-            where = (
-                f"date = DATE '{day.isoformat()}'"
-                f" AND tenant IN ({_sql_list(p['tenant'] for p in day_parts)})"
-                f" AND metric IN ({_sql_list(p['metric'] for p in day_parts)})"
-            )
-            since = f"TIMESTAMP '{first.isoformat()}'"
-            stored += read_table(
-                self.delta.path, f"{where} AND window_start >= {since}", schema=USAGE_SCHEMA
-            ).to_pylist()
-            # Each group's running day_value just before the first touched window.
-            last_before = query_table(
-                self.delta.path,
-                # Read-only, over one table; every literal is a date or quoted by sql_string.
-                "SELECT tenant, metric, day_value FROM ("  # noqa: S608
-                " SELECT tenant, metric, day_value, row_number() OVER"
-                "  (PARTITION BY tenant, metric ORDER BY window_start DESC) AS newest"
-                f" FROM t WHERE {where} AND window_start < {since}"
-                ") WHERE newest = 1",
-            )
-            for row in last_before.to_pylist():
-                bases[(row["tenant"], row["metric"], day)] = row["day_value"]
-        return stored, bases
+
+def _date(day: date) -> str:
+    return f"DATE '{day.isoformat()}'"
 
 
 def _sql_list(values: Iterable[str]) -> str:
@@ -364,7 +382,7 @@ class UsageStep:
     def __init__(self, settings: PipelineSettings, quota: QuotaSettings | None = None) -> None:
         self.usage = UsageWriter(settings)
         self.quota: QuotaStep | None = None
-        writers: list[DeltaBatchWriter] = [self.usage.delta]
+        writers: list[DeltaTableWriter] = [self.usage.delta]
         if quota is not None:
             from streaming.quota import QuotaStep  # quota imports this module's names
 
@@ -372,11 +390,9 @@ class UsageStep:
             writers.append(self.quota.events)
         self.writers = tuple(writers)
 
-    accepts = staticmethod(accepts)
-
-    def __call__(self, batch_id: int, records: pa.Table) -> pa.Table:
-        counters, quarantined = transform(records)
-        totals = self.usage.write(batch_id, partials(counters))
+    def __call__(self, spark: SparkSession, batch_id: int, counters: DataFrame | None) -> None:
+        """Batch ``batch_id``'s counter records (None: the batch has none) into ``usage``;
+        the quota step runs on every batch (a changed limit counts from the next batch)."""
+        totals = self.usage.write(batch_id, counters) if counters is not None else {}
         if self.quota is not None:
-            self.quota.run(batch_id, totals)
-        return quarantined
+            self.quota.run(spark, batch_id, totals)

@@ -1,4 +1,5 @@
-"""One local SparkSession for every Spark test: starting Spark takes seconds, a batch does not."""
+"""One local Delta-enabled SparkSession for every Spark test: starting Spark takes seconds, a
+batch does not."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from ingest import source
+from streaming.session import delta_config
 from streaming.settings import PipelineSettings
 
 # Python workers must run this interpreter (the venv), whatever the environment says.
@@ -21,16 +23,18 @@ os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    session = (
+    builder = (
         SparkSession.builder.master("local[2]")
         .appName("edgebus-tests")
         .config("spark.ui.enabled", "false")
-        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.driver.memory", "1g")
-        .getOrCreate()
     )
+    for key, value in delta_config(partitions=2).items():  # the pipeline's Delta, as in production
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     yield session
     session.stop()

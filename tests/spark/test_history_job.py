@@ -167,10 +167,16 @@ def test_long_run_stops_when_asked(edgebus_spark: SparkSession, settings: Pipeli
         quality = settings.table_path("quality_results")
         log = settings.table_path("messages") / "_delta_log"
         deadline = time.monotonic() + 120
+
+        def validated() -> bool:
+            if not DeltaTable.is_deltatable(str(quality)):
+                return False
+            return read_table(quality, "\"table\" = 'messages'", columns=["success"]).num_rows > 0
+
         while time.monotonic() < deadline and not (
-            DeltaTable.is_deltatable(str(quality)) and any(log.glob("*.checkpoint.parquet"))
+            validated() and any(log.glob("*.checkpoint.parquet"))
         ):
-            time.sleep(0.5)
+            time.sleep(0.5)  # the schedules' threads signal nothing a test can await
         results = read_table(quality, "\"table\" = 'messages'", columns=["success"])
         assert results.num_rows > 0
         assert all(results.column("success").to_pylist())

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from lake_fixture import DeltaBatchWriter
 from pyspark.sql import SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -18,7 +19,6 @@ from schemas.tables import (
     MESSAGES_PARTITION_BY,
     MESSAGES_SCHEMA,
 )
-from sinks.delta import DeltaBatchWriter
 from streaming import lake, logs
 
 pytestmark = pytest.mark.spark

@@ -11,8 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
-
-from sinks.delta import DeltaBatchWriter
+from lake_fixture import DeltaBatchWriter
 
 # bench/ is a tool directory, not an installed package; make it importable however pytest runs.
 _ROOT = str(Path(__file__).resolve().parents[2])

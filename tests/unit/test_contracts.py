@@ -1,9 +1,8 @@
-"""The data contracts of schemas.contracts and the table fan-out that applies them."""
+"""The data contracts of schemas.contracts and the route that applies them (streaming.route)."""
 
 from __future__ import annotations
 
 import datetime as dt
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -17,10 +16,7 @@ from schemas.contracts import (
     rows_where,
 )
 from schemas.journal import JOURNAL_SCHEMA
-from sinks.delta import read_table
-from sinks.quarantine import quarantine_writer
-from streaming.pipeline import TableFanout, table_steps
-from streaming.settings import PipelineSettings
+from streaming.route import ROUTED_SCHEMA, route
 
 UTC = dt.UTC
 NOON = dt.datetime(2024, 3, 10, 12, tzinfo=UTC)
@@ -109,11 +105,7 @@ def test_rows_where_keeps_whole_tables_without_a_copy() -> None:
     assert rows_where(records, pa.array([False, True])).column("seq").to_pylist() == [2]
 
 
-def test_the_fanout_sends_broken_records_to_quarantine_once(tmp_path: Path) -> None:
-    settings = PipelineSettings(data_dir=tmp_path / "data", lake=tmp_path / "lake")
-    fanout = TableFanout(
-        table_steps(settings, None), quarantine_writer(settings.table_path("quarantine"))
-    )
+def test_the_route_sends_broken_records_to_quarantine_once() -> None:
     rows = [
         record(1),
         record(2, payload=b"{broken", content_type="application/json"),
@@ -123,22 +115,32 @@ def test_the_fanout_sends_broken_records_to_quarantine_once(tmp_path: Path) -> N
         record(6, topic="$log/mqtt/connect", ts=dt.datetime(1999, 12, 31, tzinfo=UTC)),
         record(7, payload=b"plain", content_type="text/plain"),
     ]
-    for _ in range(2):  # the second write is a replay of batch 0: nothing changes
-        fanout.write(0, table(rows))
-    messages = read_table(settings.table_path("messages"), columns=["seq"])
-    assert sorted(messages.column("seq").to_pylist()) == [1, 7]
-    logs = read_table(settings.table_path("logs"), columns=["seq", "payload_valid"])
-    assert logs.sort_by("seq").to_pylist() == [{"seq": 5, "payload_valid": False}]
-    quarantine = read_table(
-        settings.table_path("quarantine"), columns=["seq", "table", "rule", "tenant", "payload"]
-    ).sort_by("seq")
-    assert [(r["seq"], r["table"], r["rule"]) for r in quarantine.to_pylist()] == [
+    routed = route(table(rows))
+    assert routed.schema == ROUTED_SCHEMA
+
+    def share(dest: str, *columns: str) -> list[tuple[Any, ...]]:
+        picked = [r for r in routed.to_pylist() if r["dest"] == dest]
+        return sorted(tuple(r[c] for c in columns) for r in picked)
+
+    assert share("messages", "seq") == [(1,), (7,)]
+    assert share("logs", "seq", "payload_valid") == [(5, False)]
+    assert share("counters", "seq") == []
+    assert share("quarantine", "seq", "table", "rule") == [
         (2, "messages", "json_payload"),
         (3, "messages", "tenant_present"),
         (4, "usage", "counter_record"),
         (5, "logs", "log_event"),
         (6, "logs", "ts_sane"),
     ]
+    quarantined = sorted(
+        (r for r in routed.to_pylist() if r["dest"] == "quarantine"), key=lambda r: r["seq"]
+    )
     # Kept raw: the payload as published; a record without a tenant is filed under "$none".
-    assert quarantine.column("payload").to_pylist()[0] == b"{broken"
-    assert quarantine.column("tenant").to_pylist() == ["acme", "$none", "acme", "acme", "acme"]
+    assert quarantined[0]["payload"] == b"{broken"
+    assert [r["tenant"] for r in quarantined] == ["acme", "$none", "acme", "acme", "acme"]
+    # Pure: the same records route the same way (a replayed batch).
+    assert route(table(rows)).equals(routed)
+
+
+def test_the_route_of_nothing_is_empty() -> None:
+    assert route(table([])).num_rows == 0

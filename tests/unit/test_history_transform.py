@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import datetime as dt
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from schemas.contracts import rows_where
 from schemas.journal import JOURNAL_SCHEMA
-from schemas.tables import MESSAGES_PARTITION_BY, MESSAGES_SCHEMA
-from sinks.delta import DeltaBatchWriter, read_table
+from schemas.tables import MESSAGES_SCHEMA
 from streaming.history import accepts, transform
+from streaming.route import route
 
 UTC = dt.UTC
 
@@ -118,10 +117,9 @@ def test_a_zoned_ts_column_still_gives_utc_days() -> None:
     assert transform(journal).column("date").to_pylist() == [dt.date(2024, 3, 9)]
 
 
-def test_pyarrow_batches_of_empty_lists_reach_delta(tmp_path: Path) -> None:
+def test_batches_of_empty_lists_are_routed_whole() -> None:
     rows = [journal_row(i, "a/b", MIDNIGHT, user_properties=[]) for i in range(1, 6)]
     journal = pa.Table.from_pylist(rows, schema=JOURNAL_SCHEMA)
-    writer = DeltaBatchWriter(tmp_path / "messages", "test", MESSAGES_SCHEMA, MESSAGES_PARTITION_BY)
-    assert writer.write(0, transform(journal.filter(pa.array([True, False, True, True, True]))))
-    back = read_table(writer.path, columns=["seq", "user_properties"]).sort_by("seq")
-    assert back.column("user_properties").to_pylist() == [[]] * 4
+    routed = route(journal.filter(pa.array([True, False, True, True, True])))
+    assert routed.column("seq").to_pylist() == [1, 3, 4, 5]
+    assert routed.column("user_properties").to_pylist() == [[]] * 4

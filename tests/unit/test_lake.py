@@ -10,9 +10,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
+from lake_fixture import DeltaBatchWriter
 
 from schemas.tables import LOGS_SCHEMA, MESSAGES_SCHEMA, TABLES
-from sinks.delta import DeltaBatchWriter
 from streaming import lake
 from streaming.lake import LakeError
 

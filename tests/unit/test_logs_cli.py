@@ -13,12 +13,12 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, QueryBuilder
+from lake_fixture import DeltaBatchWriter
 from repeated_runs import outputs_of_repeated_runs
 
 from edgebus import logs_cli
 from edgebus.logs_cli import LogQuery, time_arg
 from schemas.tables import LOGS_PARTITION_BY, LOGS_SCHEMA
-from sinks.delta import DeltaBatchWriter
 
 UTC = dt.UTC
 NOW = dt.datetime(2024, 3, 12, 12, 0, tzinfo=UTC)

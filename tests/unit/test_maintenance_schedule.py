@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
+from lake_fixture import DeltaBatchWriter
 
-from sinks.delta import DeltaBatchWriter
 from sinks.maintenance import MaintenanceReport
 from streaming.maintenance import MaintenanceSchedule
 from streaming.settings import PipelineSettings
@@ -24,7 +23,7 @@ def make_table(path: Path, batches: int = 3) -> None:
 
 
 def report(path: Path) -> MaintenanceReport:
-    return MaintenanceReport(str(path), 1, 1, 0, 0, 0, 0, 0, 168, False)
+    return MaintenanceReport(str(path), 1, 1, 0, 0, 0, 0, 168.0)
 
 
 class Recorder:
@@ -50,7 +49,7 @@ def settings(lake: Path, interval: float = 60.0) -> PipelineSettings:
 def test_runs_when_the_interval_has_passed_not_before(tmp_path: Path) -> None:
     make_table(tmp_path / "logs")
     recorder = Recorder()
-    schedule = MaintenanceSchedule(settings(tmp_path), ("messages", "logs"), maintain=recorder)
+    schedule = MaintenanceSchedule(settings(tmp_path), recorder, ("messages", "logs"))
 
     assert not schedule.maybe_run(100.0)  # the first call starts the clock
     assert not schedule.maybe_run(159.9)
@@ -68,7 +67,7 @@ def test_runs_when_the_interval_has_passed_not_before(tmp_path: Path) -> None:
 def test_zero_interval_never_runs(tmp_path: Path) -> None:
     make_table(tmp_path / "logs")
     recorder = Recorder()
-    schedule = MaintenanceSchedule(settings(tmp_path, interval=0), ("logs",), maintain=recorder)
+    schedule = MaintenanceSchedule(settings(tmp_path, interval=0), recorder, ("logs",))
 
     for now in (0.0, 1e6, 1e9):
         assert not schedule.maybe_run(now)
@@ -81,7 +80,7 @@ def test_a_failing_table_is_logged_and_the_others_still_run(
     for table in ("messages", "logs"):
         make_table(tmp_path / table)
     recorder = Recorder(failing=("messages",))
-    schedule = MaintenanceSchedule(settings(tmp_path), ("messages", "logs"), maintain=recorder)
+    schedule = MaintenanceSchedule(settings(tmp_path), recorder, ("messages", "logs"))
 
     with caplog.at_level(logging.INFO, logger="streaming.maintenance"):
         reports = schedule.run_once()
@@ -94,14 +93,3 @@ def test_a_failing_table_is_logged_and_the_others_still_run(
     assert len(failed) == 2
     assert "messages: maintenance failed" in failed[0].getMessage()
     assert failed[0].exc_info is not None
-
-
-def test_the_default_maintainer_compacts_the_lake_tables(tmp_path: Path) -> None:
-    make_table(tmp_path / "logs", batches=5)
-    schedule = MaintenanceSchedule(settings(tmp_path), ("logs", "usage"))
-
-    (only,) = schedule.run_once()
-
-    assert only.files_removed == 5
-    assert only.vacuum_retention_hours == 2
-    assert len(DeltaTable(tmp_path / "logs").file_uris()) == 1

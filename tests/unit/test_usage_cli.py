@@ -13,6 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
+from lake_fixture import DeltaBatchWriter
 from repeated_runs import outputs_of_repeated_runs
 
 from edgebus import cli, usage_cli
@@ -22,7 +23,6 @@ from schemas.usage import (
     USAGE_PARTITION_BY,
     USAGE_SCHEMA,
 )
-from sinks.delta import DeltaBatchWriter
 from streaming.quota import QuotaEvent
 
 UTC = dt.UTC

@@ -1,4 +1,5 @@
-"""The usage step's parsing of counter records and its per-batch partials."""
+"""The usage step's parsing of counter records (the per-batch partials are a Spark aggregation:
+tests/spark/test_usage_job.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import pyarrow as pa
 import pytest
 
 from schemas.journal import JOURNAL_SCHEMA
-from schemas.usage import USAGE_PARTIAL_SCHEMA
-from streaming.usage import parse, partials, transform
+from schemas.usage import COUNTER_RECORD_SCHEMA
+from streaming.usage import parse, transform
 
 UTC = dt.UTC
 T0 = dt.datetime(2024, 3, 10, 0, 0, 50, tzinfo=UTC)
@@ -90,31 +91,25 @@ def test_a_counter_parses_and_an_offset_free_time_is_utc() -> None:
     )
 
 
-def test_partials_sum_counters_and_keep_a_gauges_last_value() -> None:
+def test_transform_gives_counter_records_and_quarantines_the_rest() -> None:
     rows = [
         record(1, counter(delta=5)),
-        record(2, counter(delta=7, interval_end="2024-03-10T00:00:59.000+00:00")),
-        record(3, counter(delta=1, interval_end="2024-03-10T00:01:00.000+00:00")),  # next minute
-        record(4, counter(kind="gauge", total=9), metric="sessions"),
-        record(
-            5,
-            counter(kind="gauge", total=4, interval_end="2024-03-10T00:00:55+00:00"),
-            metric="sessions",
-        ),
-        record(6, counter(kind="gauge", total=2), metric="sessions"),  # same time: seq decides
-        record(7, b"garbage"),
+        record(2, counter(delta=1, interval_end="2024-03-10T00:01:00.000+00:00")),  # next minute
+        record(3, counter(kind="gauge", total=9, delta=-2), metric="sessions"),  # a gauge falls
+        record(4, b"garbage"),
+        record(5, counter(delta=-1000)),  # a counter never shrinks
+        record(6, counter(delta=10**9), client_id="truck-7"),  # not the edge's
     ]
     counters, quarantined = transform(pa.Table.from_pylist(rows, schema=JOURNAL_SCHEMA))
-    assert quarantined.column("seq").to_pylist() == [7]
-    assert quarantined.column("rule").to_pylist() == ["counter_record"]
-    parts = partials(counters)
-    assert parts.schema == USAGE_PARTIAL_SCHEMA
-    got = {
-        (r["metric"], r["window_start"].minute): (r["value"], r["reported_at"].second)
-        for r in parts.to_pylist()
-    }
-    assert got == {
-        ("messages_in", 0): (12, 59),
-        ("messages_in", 1): (1, 0),
-        ("sessions", 0): (4, 55),
-    }
+    assert counters.schema == COUNTER_RECORD_SCHEMA
+    got = [
+        (r["seq"], r["metric"], r["window_start"].minute, r["delta"]) for r in counters.to_pylist()
+    ]
+    assert got == [(1, "messages_in", 0, 5), (2, "messages_in", 1, 1), (3, "sessions", 0, -2)]
+    assert counters.column("date").to_pylist() == [dt.date(2024, 3, 10)] * 3
+    assert quarantined.column("seq").to_pylist() == [4, 5, 6]
+    assert quarantined.column("rule").to_pylist() == ["counter_record"] * 3
+    reasons = quarantined.column("reason").to_pylist()
+    assert "not a JSON object" in reasons[0]
+    assert "negative" in reasons[1]
+    assert "not by the edge" in reasons[2]

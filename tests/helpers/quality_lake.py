@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+from lake_fixture import DeltaBatchWriter
 
 from schemas.tables import TABLES
-from sinks.delta import DeltaBatchWriter
 
 UTC = dt.UTC
 NOW = dt.datetime(2024, 3, 10, 12, 0, tzinfo=UTC)

@@ -3,28 +3,33 @@ with which counts and observed values, what passes, and what lands in ``quality_
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
+from lake_fixture import DeltaBatchWriter
+from pyspark.sql import SparkSession
 from quality_lake import NOW, bad_lake, good_lake, message, write
 
 from schemas.quality import QUALITY_APP_ID, QUALITY_RESULTS_TABLE, VALIDATION_ERROR
 from schemas.tables import TABLES
-from sinks.delta import DeltaBatchWriter, read_table
-from streaming.quality import QualityResult, run_quality
+from sinks.delta import DeltaTableWriter, read_table
+from streaming.quality import QualityResult, QualitySchedule, run_quality
+
+pytestmark = pytest.mark.spark
 
 
 def failures(results: list[QualityResult]) -> dict[tuple[str, str, str | None], QualityResult]:
     return {(r.table, r.expectation, r.columns): r for r in results if not r.success}
 
 
-def test_a_lake_that_keeps_every_expectation_passes(tmp_path: Path) -> None:
+def test_a_lake_that_keeps_every_expectation_passes(spark: SparkSession, tmp_path: Path) -> None:
     good_lake(tmp_path)
 
-    results = run_quality(tmp_path, now=NOW)
+    results = run_quality(spark, tmp_path, now=NOW)
 
     assert {r.table for r in results} == {"messages", "logs", "usage", "quota_events"}
     assert failures(results) == {}
@@ -35,10 +40,12 @@ def test_a_lake_that_keeps_every_expectation_passes(tmp_path: Path) -> None:
     assert all(r.error is None and r.observed is None for r in results)
 
 
-def test_broken_rows_are_reported_with_counts_and_observed_values(tmp_path: Path) -> None:
+def test_broken_rows_are_reported_with_counts_and_observed_values(
+    spark: SparkSession, tmp_path: Path
+) -> None:
     bad_lake(tmp_path)
 
-    found = failures(run_quality(tmp_path, now=NOW))
+    found = failures(run_quality(spark, tmp_path, now=NOW))
 
     assert set(found) == {
         ("messages", "expect_compound_columns_to_be_unique", "node, seq"),
@@ -69,11 +76,13 @@ def test_broken_rows_are_reported_with_counts_and_observed_values(tmp_path: Path
     assert json.loads(day.observed or "") == [{"value": [4, 5], "count": 1}]
 
 
-def test_results_are_kept_one_commit_per_run_numbered_from_zero(tmp_path: Path) -> None:
+def test_results_are_kept_one_commit_per_run_numbered_from_zero(
+    spark: SparkSession, tmp_path: Path
+) -> None:
     bad_lake(tmp_path)
 
-    first = run_quality(tmp_path, now=NOW, tables=["messages"])
-    second = run_quality(tmp_path, now=NOW, tables=["messages", "quota_events"])
+    first = run_quality(spark, tmp_path, now=NOW, tables=["messages"])
+    second = run_quality(spark, tmp_path, now=NOW, tables=["messages", "quota_events"])
 
     assert {r.run for r in first} == {0}
     assert {r.run for r in second} == {1}
@@ -88,22 +97,22 @@ def test_results_are_kept_one_commit_per_run_numbered_from_zero(tmp_path: Path) 
     assert all(row["date"] == NOW.date() and row["run_at"] == NOW for row in rows)
     assert sum(not row["success"] for row in rows if row["run"] == 1) == 4
     # The run number is the app transaction: what `edgebus quality` starts from.
-    writer = DeltaBatchWriter(tmp_path / QUALITY_RESULTS_TABLE, QUALITY_APP_ID, kept.schema)
+    writer = DeltaTableWriter(tmp_path / QUALITY_RESULTS_TABLE, QUALITY_APP_ID, kept.schema)
     assert writer.last_batch_id() == 1
 
 
-def test_tables_the_lake_does_not_have_yet_are_skipped(tmp_path: Path) -> None:
+def test_tables_the_lake_does_not_have_yet_are_skipped(spark: SparkSession, tmp_path: Path) -> None:
     write(tmp_path, "messages", [message(1)])
 
-    results = run_quality(tmp_path, now=NOW)
+    results = run_quality(spark, tmp_path, now=NOW)
 
     assert {r.table for r in results} == {"messages"}
-    assert run_quality(tmp_path / "empty", now=NOW) == []
+    assert run_quality(spark, tmp_path / "empty", now=NOW) == []
     assert not (tmp_path / "empty" / QUALITY_RESULTS_TABLE).exists()
 
 
 def test_a_table_that_cannot_be_validated_is_a_failed_row_and_the_others_still_run(
-    tmp_path: Path,
+    spark: SparkSession, tmp_path: Path
 ) -> None:
     write(tmp_path, "messages", [message(1), message(2)])
     # A "usage" table of someone else's making, without the columns the suite reads.
@@ -112,7 +121,7 @@ def test_a_table_that_cannot_be_validated_is_a_failed_row_and_the_others_still_r
         0, pa.table({"tenant": ["acme"], "date": [NOW.date()]}, schema=schema)
     )
 
-    results = run_quality(tmp_path, now=NOW)
+    results = run_quality(spark, tmp_path, now=NOW)
 
     (broken,) = [r for r in results if r.table == "usage"]
     assert (broken.expectation, broken.success) == (VALIDATION_ERROR, False)
@@ -121,11 +130,11 @@ def test_a_table_that_cannot_be_validated_is_a_failed_row_and_the_others_still_r
     assert failures([r for r in results if r.table == "messages"]) == {}
 
 
-def test_only_the_window_of_dates_is_read(tmp_path: Path) -> None:
+def test_only_the_window_of_dates_is_read(spark: SparkSession, tmp_path: Path) -> None:
     write(tmp_path, "messages", [message(1, qos=5), message(2)])
 
-    tomorrow = run_quality(tmp_path, now=NOW.replace(day=NOW.day + 1), tables=["messages"])
-    later = run_quality(tmp_path, now=NOW.replace(day=NOW.day + 2), tables=["messages"])
+    tomorrow = run_quality(spark, tmp_path, now=NOW.replace(day=NOW.day + 1), tables=["messages"])
+    later = run_quality(spark, tmp_path, now=NOW.replace(day=NOW.day + 2), tables=["messages"])
 
     qos = [r for r in tomorrow if r.columns == "qos"]
     assert [(r.success, r.unexpected_count, r.element_count) for r in qos] == [(False, 1, 2)]
@@ -133,23 +142,25 @@ def test_only_the_window_of_dates_is_read(tmp_path: Path) -> None:
     assert all(r.success for r in later)
 
 
-def test_max_rows_caps_what_a_run_reads(tmp_path: Path) -> None:
+def test_max_rows_caps_what_a_run_reads(spark: SparkSession, tmp_path: Path) -> None:
     write(tmp_path, "messages", [message(seq) for seq in range(1, 11)])
 
-    results = run_quality(tmp_path, now=NOW, tables=["messages"], max_rows=4)
+    results = run_quality(spark, tmp_path, now=NOW, tables=["messages"], max_rows=4)
 
     assert {r.element_count for r in results} == {4}
 
 
-def test_bad_arguments_are_refused(tmp_path: Path) -> None:
+def test_bad_arguments_are_refused(spark: SparkSession, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no suite"):
-        run_quality(tmp_path, now=NOW, tables=["nope"])
+        run_quality(spark, tmp_path, now=NOW, tables=["nope"])
     with pytest.raises(ValueError, match="time-zone aware"):
-        run_quality(tmp_path, now=NOW.replace(tzinfo=None))
+        run_quality(spark, tmp_path, now=NOW.replace(tzinfo=None))
 
 
 @pytest.mark.skipif("quarantine" not in TABLES, reason="no quarantine table in the lake yet")
-def test_quarantine_rows_are_held_to_one_row_per_record_and_table(tmp_path: Path) -> None:
+def test_quarantine_rows_are_held_to_one_row_per_record_and_table(
+    spark: SparkSession, tmp_path: Path
+) -> None:
     def quarantined(seq: int, table: str, rule: str = "json_payload") -> dict[str, Any]:
         row = message(seq)
         del row["size"]
@@ -166,10 +177,28 @@ def test_quarantine_rows_are_held_to_one_row_per_record_and_table(tmp_path: Path
         ],
     )
 
-    found = failures(run_quality(tmp_path, now=NOW, tables=["quarantine"]))
+    found = failures(run_quality(spark, tmp_path, now=NOW, tables=["quarantine"]))
 
     assert set(found) == {
         ("quarantine", "expect_compound_columns_to_be_unique", "node, seq, table"),
         ("quarantine", "expect_column_values_to_be_in_set", "table"),
     }
     assert found["quarantine", "expect_column_values_to_be_in_set", "table"].unexpected_count == 1
+
+
+def test_the_real_run_writes_results_from_the_background_thread(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    bad_lake(tmp_path)
+    quality = QualitySchedule(
+        tmp_path, 60.0, run=functools.partial(run_quality, spark), clock=lambda: NOW
+    )
+    quality.maybe_run(0.0)
+
+    assert quality.maybe_run(60.0)
+    assert quality.wait(timeout=120)
+
+    assert quality.failures == 0
+    rows = read_table(tmp_path / QUALITY_RESULTS_TABLE, columns=["run", "success"]).to_pylist()
+    assert {row["run"] for row in rows} == {0}
+    assert sum(not row["success"] for row in rows) == 6
