@@ -29,7 +29,7 @@ from sinks.errors import DeltaSinkError, SinkSchemaError
 
 if TYPE_CHECKING:  # the light readers import this module and must not pay for pyspark
     from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.types import StructType
+    from pyspark.sql.types import DataType, StructType
 
 logger = logging.getLogger(__name__)
 
@@ -187,7 +187,10 @@ class DeltaTableWriter:
             raise SinkSchemaError(f"{self._path}: the rows lack columns {missing}")
         target = spark_schema(self._schema)
         return rows.select(
-            *[F.col(f"`{field.name}`").cast(field.dataType).alias(field.name) for field in target]
+            *[
+                F.col(f"`{field.name}`").cast(loose(field.dataType)).alias(field.name)
+                for field in target
+            ]
         )
 
 
@@ -203,6 +206,20 @@ _RACES = ("ConcurrentAppendException", "ConcurrentDeleteReadException", "Concurr
 def _lost_race(exc: Exception) -> bool:
     text = f"{type(exc).__name__}: {exc}"
     return any(name in text for name in _RACES)
+
+
+def loose(data_type: DataType) -> DataType:
+    """``data_type`` with every nested field nullable: what a cast can produce (Spark casts
+    to no nested NOT NULL). The table's own NOT NULL columns are still checked by Delta."""
+    from pyspark.sql.types import ArrayType, MapType, StructField, StructType
+
+    if isinstance(data_type, ArrayType):
+        return ArrayType(loose(data_type.elementType), containsNull=True)
+    if isinstance(data_type, MapType):
+        return MapType(loose(data_type.keyType), loose(data_type.valueType), True)
+    if isinstance(data_type, StructType):
+        return StructType([StructField(f.name, loose(f.dataType), True) for f in data_type])
+    return data_type
 
 
 def spark_schema(schema: pa.Schema) -> StructType:

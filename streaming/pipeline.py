@@ -32,11 +32,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import cast
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 (pyspark's own convention)
 from pyspark.sql.streaming.query import StreamingQuery
+from pyspark.sql.types import ArrayType
 
 from sinks.delta import DeltaTableWriter, spark_schema
 from sinks.quarantine import quarantine_writer
@@ -82,27 +84,45 @@ class TableFanout:
         return [*self.appends.values(), *self.usage.writers, self.quarantine]
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        routed = batch.mapInArrow(route.route_batches, spark_schema(route.ROUTED_SCHEMA)).persist(
-            StorageLevel.MEMORY_AND_DISK
-        )
+        started = time.monotonic()
+        wire = batch.withColumn(route.WIRE_COLUMN, F.to_json(route.WIRE_COLUMN))
+        routed = wire.mapInArrow(
+            route.route_batches, spark_schema(route.ROUTED_WIRE_SCHEMA)
+        ).persist(StorageLevel.MEMORY_AND_DISK)
         try:
             counts = {row["dest"]: row["count"] for row in routed.groupBy("dest").count().collect()}
-            logger.debug("batch %d: %s", batch_id, counts)
+            timings = {"route": time.monotonic() - started}
             for dest, writer in self.appends.items():
                 if counts.get(dest):
                     writer.append(batch_id, _share(routed, dest, writer))
+                    timings[dest] = time.monotonic() - started - sum(timings.values())
             counters = _share(routed, route.COUNTERS) if counts.get(route.COUNTERS) else None
             self.usage(batch.sparkSession, batch_id, counters)
+            timings["usage"] = time.monotonic() - started - sum(timings.values())
             if counts.get(route.QUARANTINE):
                 self.quarantine.append(batch_id, _share(routed, route.QUARANTINE, self.quarantine))
+                timings["quarantine"] = time.monotonic() - started - sum(timings.values())
         finally:
             routed.unpersist()
+        logger.info(
+            "batch %d: %s rows; %s",
+            batch_id,
+            counts,
+            ", ".join(f"{step} {seconds:.2f} s" for step, seconds in timings.items()),
+        )
 
 
 def _share(routed: DataFrame, dest: str, writer: DeltaTableWriter | None = None) -> DataFrame:
-    """The routed rows for ``dest`` with that destination's columns."""
-    names = writer.schema.names if writer is not None else route.DESTINATIONS[dest].names
-    return routed.where(F.col("dest") == dest).select(*[F.col(f"`{name}`") for name in names])
+    """The routed rows for ``dest`` with that destination's columns (``user_properties``
+    parsed back from its JSON text on the wire)."""
+    schema = writer.schema if writer is not None else route.DESTINATIONS[dest]
+    columns = [
+        F.from_json(F.col(name), cast(ArrayType, spark_schema(schema)[name].dataType)).alias(name)
+        if name == route.WIRE_COLUMN
+        else F.col(f"`{name}`")
+        for name in schema.names
+    ]
+    return routed.where(F.col("dest") == dest).select(*columns)
 
 
 def start(

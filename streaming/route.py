@@ -21,12 +21,18 @@ replayed batch routes every record the same way, and each step is unit-tested wi
 Why one pass rather than one ``mapInArrow`` per table: the message contract parses every JSON
 payload, and a per-table pass would parse them again for ``quarantine``; one pass also sends
 each record to Python once.
+
+The wire: ``user_properties`` (a list of structs) crosses the boundary between the JVM and the
+Python workers as JSON text (:data:`WIRE_COLUMN`; ``to_json``/``from_json`` on the JVM side).
+Spark's Arrow conversion of a list of structs costs about 100 µs a row (measured: 10 s for
+100,000 rows, nearly all of them null) against well under 1 µs for a string.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -69,6 +75,19 @@ def _union(schemas: list[pa.Schema]) -> pa.Schema:
 
 ROUTED_SCHEMA = _union(list(DESTINATIONS.values()))
 
+# The column that crosses the JVM/Python boundary as JSON text, and its schemas on the wire.
+WIRE_COLUMN = "user_properties"
+_PROPERTIES = JOURNAL_SCHEMA.field(WIRE_COLUMN).type
+
+
+def _wire(schema: pa.Schema) -> pa.Schema:
+    index = schema.get_field_index(WIRE_COLUMN)
+    return schema.set(index, schema.field(index).with_type(pa.string()))
+
+
+JOURNAL_WIRE_SCHEMA = _wire(JOURNAL_SCHEMA)
+ROUTED_WIRE_SCHEMA = _wire(ROUTED_SCHEMA)
+
 
 def route(journal: pa.Table) -> pa.Table:
     """Journal records (any Arrow types equal to the journal's) to routed rows."""
@@ -102,9 +121,35 @@ def route(journal: pa.Table) -> pa.Table:
 
 
 def route_batches(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """:func:`route` for ``mapInArrow``: runs in the executors' Python workers."""
+    """:func:`route` for ``mapInArrow``, on the wire schemas (``JOURNAL_WIRE_SCHEMA`` in,
+    ``ROUTED_WIRE_SCHEMA`` out): runs in the executors' Python workers."""
     for batch in batches:
-        yield from route(pa.Table.from_batches([batch])).to_batches()
+        records = pa.Table.from_batches([batch])
+        index = records.schema.get_field_index(WIRE_COLUMN)
+        records = records.set_column(index, WIRE_COLUMN, _from_json(records.column(index)))
+        routed = route(records)
+        index = routed.schema.get_field_index(WIRE_COLUMN)
+        routed = routed.set_column(index, WIRE_COLUMN, _to_json(routed.column(index)))
+        yield from routed.cast(ROUTED_WIRE_SCHEMA).to_batches()
+
+
+def _from_json(texts: pa.ChunkedArray) -> pa.Array:
+    if texts.null_count == len(texts):
+        return pa.nulls(len(texts), _PROPERTIES)
+    loads = orjson.loads
+    return pa.array(
+        [None if text is None else loads(text) for text in texts.to_pylist()], _PROPERTIES
+    )
+
+
+def _to_json(lists: pa.ChunkedArray) -> pa.Array:
+    if lists.null_count == len(lists):
+        return pa.nulls(len(lists), pa.string())
+    dumps = orjson.dumps
+    return pa.array(
+        [None if value is None else dumps(value).decode() for value in lists.to_pylist()],
+        pa.string(),
+    )
 
 
 def _widen(dest: str, rows: pa.Table) -> pa.Table:
