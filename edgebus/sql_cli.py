@@ -266,7 +266,6 @@ def write_table(reader: pa.RecordBatchReader, out: TextIO) -> None:
     for rows in batches_of_rows(reader):
         lines.extend([_CONTROL.sub(_escape, _text(v)) for v in row.values()] for row in rows)
     lake_command.write_columns(lines, out)
-    print(f"({len(lines) - 1} row{'s' if len(lines) != 2 else ''})", file=sys.stderr)
 
 
 def _escape(match: re.Match[str]) -> str:
