@@ -131,7 +131,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--where",
         action="append",
         default=[],
-        type=DetailMatch.parse,
         metavar="KEY=VALUE",
         help="only events whose details field KEY is VALUE, e.g. clean=false (repeatable: all)",
     )
@@ -205,7 +204,7 @@ def query_from_args(args: argparse.Namespace, now: datetime) -> LogQuery:
         client_ids=tuple(args.client_id),
         origins=tuple(args.origin),
         nodes=tuple(args.node),
-        where=tuple(args.where),
+        where=tuple(DetailMatch.parse(text) for text in args.where),
         after=Cursor.decode(args.after) if args.after is not None else None,
         oldest_first=args.oldest_first or args.follow,
         limit=args.limit,
