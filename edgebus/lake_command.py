@@ -2,12 +2,14 @@
 
 Their common arguments (``--lake``, ``--tenant``, ``--format``, times), how they hook into
 ``edgebus`` and run alone, what counts as a lake, SQL literals, opening a table and querying it
-through delta-rs
-(``deltalake.QueryBuilder``; never ``DeltaTable.to_pyarrow_*``, which can abort the interpreter
-at exit), the error that carries an exit code, and writing rows as aligned columns.
+through delta-rs (``deltalake.QueryBuilder``; never ``DeltaTable.to_pyarrow_*``, which can
+abort the interpreter at exit), the error that carries an exit code, and writing rows as
+aligned columns.
 
-Heavy imports (pyarrow, deltalake) wait until a query runs, so building the ``edgebus`` parser
-stays cheap.
+Start-up is most of what a command costs (the query itself takes some 30 ms on a 10M-row
+table): deltalake waits until a query runs, so building the ``edgebus`` parser stays cheap, and
+results go to Python through arro3 (which deltalake returns and brings along), not pyarrow:
+importing pyarrow (and numpy with it) costs some 150 ms, pandas another 300.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
-    import pyarrow as pa
+    from arro3.core import RecordBatch, RecordBatchReader
     from deltalake import DeltaTable
 
 FORMATS = ("table", "json")
@@ -228,33 +230,32 @@ def open_table(lake: Path, table: str) -> DeltaTable | None:
         raise CommandError(f"cannot read {path}: {exc}", exit_code=1) from exc
 
 
-def table_rows(table: pa.Table) -> list[dict[str, Any]]:
-    """``table.to_pylist()``, without importing pandas (a third of a second per command).
+def execute(tables: dict[str, DeltaTable], sql: str) -> RecordBatchReader:
+    """``sql`` over ``tables`` registered by name: an arro3 stream of its result.
 
-    pyarrow imports pandas to turn a zoned timestamp into Python: zoned columns go over as
-    naive UTC and get their zone back here (``sinks.delta.run_sql`` avoids the other import).
+    DataFusion plans the query here: a query it refuses raises ``DeltaError``; failures while
+    the rows are read (a data file gone) come from the stream, as plain exceptions.
     """
-    import pyarrow as pa
+    from deltalake import QueryBuilder
 
-    zoned = [f.name for f in table.schema if pa.types.is_timestamp(f.type) and f.type.tz]
-    for name in zoned:
-        index = table.schema.get_field_index(name)
-        naive = table.column(name).cast(pa.timestamp(table.schema.field(name).type.unit))
-        table = table.set_column(index, name, naive)
-    rows: list[dict[str, Any]] = table.to_pylist()
-    for row in rows:
-        for name in zoned:
-            if row[name] is not None:
-                row[name] = row[name].replace(tzinfo=UTC)
-    return rows
+    builder = QueryBuilder()
+    for name, delta in tables.items():
+        builder.register(name, delta)
+    return builder.execute(sql)
+
+
+def batch_values(batch: RecordBatch) -> list[tuple[Any, ...]]:
+    """The rows of ``batch`` as tuples of Python values (zoned times with their zone)."""
+    return list(zip(*(column.to_pylist() for column in batch.columns), strict=True))
 
 
 def query(delta: DeltaTable, name: str, sql: str) -> list[dict[str, Any]]:
     """The rows of ``sql`` over ``delta`` registered as ``name`` (exit 1 when it fails)."""
-    from sinks.delta import run_sql
-
     try:
-        rows = table_rows(run_sql(delta, name, sql))
+        rows: list[dict[str, Any]] = []
+        for batch in execute({name: delta}, sql):
+            names = batch.column_names
+            rows.extend(dict(zip(names, values, strict=True)) for values in batch_values(batch))
     # DataFusion's errors (a data file missing or corrupt, ...) arrive as plain Exception,
     # not DeltaError: every failure of the query is "cannot read", not a traceback.
     except Exception as exc:

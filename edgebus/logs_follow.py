@@ -88,12 +88,8 @@ class Follower:
 
     def _partitions(self) -> dict[str, date]:
         """Each data file of this tenant in the current snapshot, with its day."""
-        import pyarrow as pa
-
         try:
-            actions = pa.RecordBatchReader.from_stream(
-                self.delta.get_add_actions(flatten=True)
-            ).read_all()
+            actions = self.delta.get_add_actions(flatten=True)
         except Exception as exc:
             raise CommandError(f"cannot read {self.delta.table_uri}: {exc}", 1) from exc
         if actions.num_rows == 0:

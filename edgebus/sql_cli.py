@@ -35,7 +35,7 @@ from edgebus import lake_command
 from edgebus.lake_command import CommandError, TimeArg, iso, resolve_time
 
 if TYPE_CHECKING:
-    import pyarrow as pa
+    from arro3.core import RecordBatchReader
     from deltalake import DeltaTable
 
 FORMATS = ("table", "json", "csv")
@@ -164,21 +164,16 @@ def open_tables(lake: Path, sql: str, snapshot: Snapshot) -> Opened:
 
 def execute(
     tables: dict[str, DeltaTable], sql: str, missing: dict[str, str], names: Sequence[str] = ()
-) -> pa.RecordBatchReader:
+) -> RecordBatchReader:
     """Plan ``sql`` over ``tables``; a query DataFusion refuses is exit 2 with its message.
 
     ``missing`` says why a table the query names is not among ``tables``; ``names`` are the
     lake's tables, listed when the query names another.
     """
-    import pyarrow as pa
-    from deltalake import QueryBuilder
     from deltalake.exceptions import DeltaError
 
-    builder = QueryBuilder()
-    for name, delta in tables.items():
-        builder.register(name, delta)
     try:
-        return pa.RecordBatchReader.from_stream(builder.execute(sql))
+        return lake_command.execute(tables, sql)
     except DeltaError as exc:
         message = _one_line(exc)
         why = [reason for name, reason in missing.items() if f".{name}'" in message]
@@ -236,35 +231,34 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
 
 
-def batches_of_rows(reader: pa.RecordBatchReader) -> Iterator[list[dict[str, Any]]]:
+def batches_of_rows(reader: RecordBatchReader) -> Iterator[list[tuple[Any, ...]]]:
     """The result's rows, a batch at a time (a large result is never held whole)."""
-    import pyarrow as pa
-
     for batch in reader:
-        yield lake_command.table_rows(pa.Table.from_batches([batch]))
+        yield lake_command.batch_values(batch)
 
 
-def write_json(reader: pa.RecordBatchReader, out: TextIO) -> None:
+def write_json(reader: RecordBatchReader, out: TextIO) -> None:
     """One JSON object per row and line."""
+    names = reader.schema.names
     for rows in batches_of_rows(reader):
         for row in rows:
-            out.write(json.dumps(row, default=_json_value, ensure_ascii=False) + "\n")
+            doc = dict(zip(names, row, strict=True))
+            out.write(json.dumps(doc, default=_json_value, ensure_ascii=False) + "\n")
 
 
-def write_csv(reader: pa.RecordBatchReader, out: TextIO) -> None:
+def write_csv(reader: RecordBatchReader, out: TextIO) -> None:
     """A header line, then one line per row (NULL is an empty field)."""
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(reader.schema.names)
     for rows in batches_of_rows(reader):
-        writer.writerows([_text(value, null="") for value in row.values()] for row in rows)
+        writer.writerows([_text(value, null="") for value in row] for row in rows)
 
 
-def write_table(reader: pa.RecordBatchReader, out: TextIO) -> None:
+def write_table(reader: RecordBatchReader, out: TextIO) -> None:
     """Aligned columns under a header (the whole result is read first, to size them)."""
-    header = [name.upper() for name in reader.schema.names]
-    lines = [header]
+    lines = [[name.upper() for name in reader.schema.names]]
     for rows in batches_of_rows(reader):
-        lines.extend([_CONTROL.sub(_escape, _text(v)) for v in row.values()] for row in rows)
+        lines.extend([_CONTROL.sub(_escape, _text(value)) for value in row] for row in rows)
     lake_command.write_columns(lines, out)
 
 
