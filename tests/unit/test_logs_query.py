@@ -226,6 +226,12 @@ def test_count(lake: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ]
 
 
+def test_the_event_types_known_without_importing_pyarrow_are_the_edges() -> None:
+    from schemas.payloads import LOG_EVENTS
+
+    assert log_query.EDGE_EVENTS == LOG_EVENTS
+
+
 def test_cursor_encoding() -> None:
     cursor = Cursor.of(ROWS[2])
     assert Cursor.decode(cursor.encode()) == cursor
