@@ -88,7 +88,7 @@ def time_arg(text: str) -> TimeArg:
         try:
             return timedelta(**{_UNITS[unit]: int(amount)})
         except OverflowError:
-            raise argparse.ArgumentTypeError(f"{text!r} is too long ago") from None
+            return timedelta.max  # out of range: resolve_time says so, on one line
     try:
         when = datetime.fromisoformat(text.strip())
     except ValueError:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from repeated_runs import outputs_of_repeated_runs
 
 from edgebus import log_query, logs_cli
 from edgebus.log_query import Cursor, DetailMatch, same_json
@@ -247,6 +248,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     ("args", "message"),
     [
         (["--since", "99999999d"], "--since is out of range"),
+        (["--since", "9" * 30 + "w"], "--since is out of range"),
         (["--until", "99999999d"], "--until is out of range"),
         (["--since", "2999-01-01"], "--since is out of range"),
         (["--limit", str(2**64)], f"--limit {2**64} is more than 1,000,000"),
@@ -268,7 +270,7 @@ def test_bad_input_is_one_line_and_exit_2(lake: Path, args: list[str], message: 
 
 
 def test_unparseable_arguments_are_argparse_errors_without_a_traceback() -> None:
-    for args in (["--since", "9" * 30 + "d"], ["--limit", "x"], ["--fields", "nope"]):
+    for args in (["--since", "15x"], ["--limit", "x"], ["--fields", "nope"]):
         done = run_cli("--tenant", "acme", *args)
         assert done.returncode == 2
         assert "edgebus logs: error: argument" in done.stderr
@@ -294,3 +296,26 @@ def test_help_has_no_raw_markup() -> None:
         assert "``" not in done.stdout
         assert ":func:" not in done.stdout
         assert "**" not in done.stdout
+
+
+def test_processes_paging_counting_and_filtering_exit_0_every_time(lake: Path) -> None:
+    after = Cursor.of(sorted(ROWS, key=lambda r: (r["ts"], r["node"], r["seq"]))[40])
+    base = [*LOGS, "--lake", str(lake), "--tenant", "acme"]
+    table, json_lines = outputs_of_repeated_runs(
+        [
+            *base,
+            "--where",
+            "clean=false",
+            "--after",
+            after.encode(),
+            "--fields",
+            "seq,details.clean",
+        ],
+        runs=10,
+    )
+    # Newest first: after the cursor is below it in (ts, node, seq).
+    wanted = [r for i, r in enumerate(ROWS) if i % 5 == 0 and Cursor.of(r) < after]
+    assert len(table.splitlines()) == 1 + len(wanted)
+    assert len(json_lines.splitlines()) == len(wanted)
+    table, json_lines = outputs_of_repeated_runs([*base, "--count", "--node", "edge-b"], runs=6)
+    assert table.splitlines()[-1].split() == ["TOTAL", "30"]
