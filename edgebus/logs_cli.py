@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from edgebus import lake_command, log_query
 from edgebus.lake_command import (
@@ -39,6 +39,9 @@ from edgebus.log_query import (
     DetailMatch,
     LogQuery,
 )
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
 
 __all__ = ["QUERY_TABLE", "LogQuery", "add_parser", "main", "query_rows", "run", "time_arg"]
 
@@ -208,11 +211,11 @@ def query_from_args(args: argparse.Namespace, now: datetime) -> LogQuery:
         after=Cursor.decode(args.after) if args.after is not None else None,
         oldest_first=args.oldest_first or args.follow,
         limit=args.limit,
-        columns=_columns(args.fields, args.format),
+        columns=_columns(args.fields),
     )
 
 
-def _columns(fields: tuple[str, ...] | None, fmt: str) -> tuple[str, ...]:
+def _columns(fields: tuple[str, ...] | None) -> tuple[str, ...]:
     """The table columns to read for ``fields`` (every column without ``--fields``)."""
     if fields is None:
         return COLUMNS
@@ -229,7 +232,8 @@ def query_rows(lake: Path, query: LogQuery) -> list[dict[str, Any]]:
     return rows
 
 
-def open_logs(lake: Path) -> Any:
+def open_logs(lake: Path) -> DeltaTable:
+    """The ``logs`` table, or exit 0 saying the pipeline has not created it yet."""
     delta = open_table(lake, TABLE)
     if delta is None:
         raise CommandError(
@@ -240,7 +244,7 @@ def open_logs(lake: Path) -> Any:
     return delta
 
 
-def _check_tenant(delta: Any, tenant: str) -> None:
+def _check_tenant(delta: DeltaTable, tenant: str) -> None:
     if not has_tenant(delta, tenant):
         raise CommandError(
             f"no log events for tenant {tenant!r} in {delta.table_uri} "
