@@ -266,6 +266,8 @@ def run(args: argparse.Namespace, *, now: datetime | None = None) -> int:
         rows = query_rows(args.lake, query)
     except CommandError as exc:
         return lake_command.fail("logs", exc)
+    except KeyboardInterrupt:  # Ctrl-C during a long query: the shell's code, no traceback
+        return 130
     if not rows:
         print("edgebus logs: no log events match", file=sys.stderr)
         return 0

@@ -192,6 +192,8 @@ def run(args: argparse.Namespace, *, now: datetime | None = None) -> int:
         lake_command.write_out(partial(write, reader))
     except CommandError as exc:
         return lake_command.fail("sql", exc)
+    except KeyboardInterrupt:  # Ctrl-C during a long query: the shell's code, no traceback
+        return 130
     # Rows are read while they are written: a failure then is DataFusion's (a file gone, ...).
     except Exception as exc:
         print(f"edgebus sql: the query failed while reading: {_one_line(exc)}", file=sys.stderr)
