@@ -1,20 +1,26 @@
-"""``edgebus logs`` for one tenant and day on a 10-million-row ``logs`` table: seconds per query.
+"""``edgebus logs`` and ``edgebus sql`` on a 10-million-row ``logs`` table: seconds per query.
 
     python -m bench.logs_query --rows 10000000 --tenants 10 --days 10
 
 Builds a ``logs`` Delta table the way the pipeline leaves it: ``rows`` log events spread evenly
 over ``tenants`` tenants and ``days`` UTC days (one commit per tenant and day, as a long-running
-pipeline's compacted partitions would be), then a maintenance pass (checkpoint). Then times, each
-``--repeat`` times:
+pipeline's compacted partitions would be), then a maintenance pass (checkpoint). Disconnects
+carry a real edge's details (``peer``, ``clean``, ``reason_code``; a quarter not clean), the
+other events ``peer`` and ``clean_start``. Then times, each ``--repeat`` times, every command
+as an operator runs it, a fresh process each time (wall time including interpreter start and
+imports), for one tenant (``T``) and one day (``DAY``):
 
-* ``cli_day``: the command as an operator runs it, a fresh process each time
-  (``edgebus logs --lake L --tenant T --since DAY --until DAY+1 --format json``): wall time
-  including interpreter start and imports;
-* ``query_day``: the same query in this process (``edgebus.logs_cli.query_rows``): the part the
-  table's size can affect;
-* ``query_newest``: no time bounds (the tenant's newest events over every day).
+* ``cli_day``: ``edgebus logs --tenant T --since DAY --until DAY+1 --format json``;
+* ``cli_where``: the same with ``--event-type disconnect --where clean=false``;
+* ``cli_cursor_page``: the second page of ``cli_day`` (``--after`` the first page's cursor);
+* ``cli_cursor_page_no_bounds``: ``--after`` a cursor mid-table, no time bounds;
+* ``cli_filters_all_days``: ``--event-type connect --event-type disconnect --node edge-a
+  --client-id veh-00042 --oldest-first`` over every day;
+* ``cli_count_day`` / ``cli_count_where_day``: ``--count`` for the day (and with the ``--where``);
+* ``sql_count_day``: ``edgebus sql`` counting the day's events per type;
 
-Every CLI run must exit 0 with 100 rows (the default ``--limit``).
+and in this process (``edgebus.logs_cli.query_rows``): ``query_day`` and ``query_newest`` (no
+time bounds). Every command must exit 0 with the rows it asks for.
 """
 
 from __future__ import annotations
@@ -50,12 +56,22 @@ def log_rows(tenant: str, day: date, n: int, rng: np.random.Generator) -> pa.Tab
     ts = np.sort(rng.integers(start_us, start_us + 86_400_000_000, n))
     clients = pa.array([f"veh-{i:05d}" for i in range(CLIENTS)])
     events = pa.array(list(EVENTS))
-    event_index = pa.array(rng.integers(0, len(EVENTS), n))
+    event_index = rng.integers(0, len(EVENTS), n)
     client_index = pa.array(rng.integers(0, CLIENTS, n))
     node_index = rng.integers(0, 2, n)
+    # 64 details per event type; a row's details are those of its type.
     details = pa.array(
-        [json.dumps({"peer": f"10.0.{i}.7:5{i:03d}", "clean_start": True}) for i in range(64)]
+        [
+            json.dumps(
+                {"peer": f"10.0.{i}.7:5{i:03d}", "clean": i % 4 != 0, "reason_code": 0}
+                if event == "disconnect"
+                else {"peer": f"10.0.{i}.7:5{i:03d}", "clean_start": True}
+            )
+            for event in EVENTS
+            for i in range(64)
+        ]
     )
+    details_index = pa.array(np.asarray(event_index) * 64 + rng.integers(0, 64, n), pa.int64())
     columns: dict[str, Any] = {
         "node": pa.array(np.where(node_index == 0, "edge-a", "edge-b").tolist()),
         "seq": pa.array(np.arange(1, n + 1, dtype=np.int64)),
@@ -63,9 +79,9 @@ def log_rows(tenant: str, day: date, n: int, rng: np.random.Generator) -> pa.Tab
         "date": pa.array([day] * n, pa.date32()),
         "tenant": pa.array([tenant] * n),
         "origin": pa.array(["mqtt"] * n),
-        "event_type": events.take(event_index),
+        "event_type": events.take(pa.array(event_index)),
         "client_id": clients.take(client_index),
-        "details": details.take(pa.array(rng.integers(0, 64, n))),
+        "details": details.take(details_index),
         "time": pa.array([None] * n, pa.string()),
         "payload_valid": pa.array(np.ones(n, dtype=bool)),
         "invalid_reason": pa.array([None] * n, pa.string()),
@@ -133,27 +149,54 @@ def main(argv: list[str] | None = None) -> int:
         day = FIRST_DAY + timedelta(days=args.days // 2)
         since = datetime(day.year, day.month, day.day, tzinfo=UTC)
         until = since + timedelta(days=1)
-        edgebus = Path(sys.executable).with_name("edgebus")
-        command = [
-            str(edgebus),
-            "logs",
-            "--lake",
-            str(lake),
-            "--tenant",
-            tenant,
-            "--since",
-            since.isoformat(),
-            "--until",
-            until.isoformat(),
-            "--format",
-            "json",
-        ]
+        edgebus = str(Path(sys.executable).with_name("edgebus"))
+        logs = [edgebus, "logs", "--lake", str(lake), "--tenant", tenant]
+        day_args = ["--since", since.isoformat(), "--until", until.isoformat()]
 
-        def cli() -> None:
+        def run(command: list[str]) -> list[str]:
             done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=120)
-            assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
-            lines = [line for line in done.stdout.splitlines() if line.strip()]
-            assert len(lines) == 100, f"{len(lines)} rows"
+            assert done.returncode == 0, (command, done.returncode, done.stderr[-2000:])
+            return [line for line in done.stdout.splitlines() if line.strip()]
+
+        def json_rows(*extra: str) -> list[dict[str, Any]]:
+            return [json.loads(line) for line in run([*logs, *extra, "--format", "json"])]
+
+        first_page = json_rows(*day_args)
+        after_first = ["--after", first_page[-1]["cursor"]]
+        # A cursor mid-table: the first row of the day after DAY (newest first, DAY+1 is read
+        # after it, DAY and the days before are left).
+        mid = json_rows("--since", until.isoformat(), "--oldest-first", "--limit", "1")
+        after_mid = ["--after", mid[0]["cursor"]]
+        where = ["--event-type", "disconnect", "--where", "clean=false"]
+        filters = ["--event-type", "connect", "--event-type", "disconnect", "--node", "edge-a"]
+        filters += ["--client-id", "veh-00042", "--oldest-first"]
+        sql = (
+            f"SELECT event_type, count(*) AS n FROM logs WHERE tenant = '{tenant}' "
+            f"AND date = DATE '{day.isoformat()}' GROUP BY event_type ORDER BY n DESC"
+        )
+        second_page = json_rows(*day_args, *after_first)
+        assert not {r["cursor"] for r in first_page} & {r["cursor"] for r in second_page}
+        where_rows = json_rows(*day_args, *where)
+        assert 0 < len(where_rows) <= 100
+        assert all(r["details"]["clean"] is False for r in where_rows)
+
+        def check(command: list[str], rows: int | None) -> Any:
+            def once() -> None:
+                lines = run(command)
+                assert rows is None or len(lines) == rows, f"{len(lines)} rows: {command}"
+
+            return once
+
+        cases: dict[str, tuple[list[str], int | None]] = {
+            "cli_day": ([*logs, *day_args, "--format", "json"], 100),
+            "cli_where": ([*logs, *day_args, *where, "--format", "json"], len(where_rows)),
+            "cli_cursor_page": ([*logs, *day_args, *after_first, "--format", "json"], 100),
+            "cli_cursor_page_no_bounds": ([*logs, *after_mid, "--format", "json"], 100),
+            "cli_filters_all_days": ([*logs, *filters, "--format", "json"], None),
+            "cli_count_day": ([*logs, *day_args, "--count", "--format", "json"], len(EVENTS)),
+            "cli_count_where_day": ([*logs, *day_args, *where, "--count", "--format", "json"], 1),
+            "sql_count_day": ([edgebus, "sql", "--lake", str(lake), sql, "--format", "json"], 5),
+        }
 
         def query_day() -> None:
             assert len(query_rows(lake, LogQuery(tenant, since, until))) == 100
@@ -161,16 +204,24 @@ def main(argv: list[str] | None = None) -> int:
         def query_newest() -> None:
             assert len(query_rows(lake, LogQuery(tenant))) == 100
 
+        load_before = os.getloadavg()
         now = datetime.now(UTC)
         result: dict[str, Any] = {
-            "benchmark": "edgebus logs on a large logs table",
+            "benchmark": "edgebus logs and edgebus sql on a large logs table",
             "rows": args.rows,
             "tenants": args.tenants,
             "days": args.days,
             "rows_per_tenant_day": args.rows // (args.tenants * args.days),
-            "cli_day": summary(timed(cli, args.repeat)),
+            **{
+                name: {
+                    "command": " ".join(command),
+                    **summary(timed(check(command, rows), args.repeat)),
+                }
+                for name, (command, rows) in cases.items()
+            },
             "query_day": summary(timed(query_day, args.repeat)),
             "query_newest": summary(timed(query_newest, args.repeat)),
+            "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
             "date": now.isoformat(timespec="seconds"),
             "timestamp_compact": f"{now:%Y%m%dT%H%M%SZ}",
             "machine": machine_info(),

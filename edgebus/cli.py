@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import IO, Any
 
 from broker_edge.errors import ConfigError
-from edgebus import logs_cli, quality_cli, usage_cli
+from edgebus import logs_cli, quality_cli, sql_cli, usage_cli
 from edgebus.settings import SettingsError, load_edge, load_pipeline
 
 log = logging.getLogger("edgebus")
+# What `edgebus --help` says (the module docstring's ``markup`` would show as it is).
+DESCRIPTION = "MQTT broker edges, the Spark pipeline that writes the lake, and reading the lake."
 
 
 def _host_port(text: str) -> tuple[str, int]:
@@ -31,7 +33,7 @@ def _host_port(text: str) -> tuple[str, int]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="edgebus", description=__doc__)
+    parser = argparse.ArgumentParser(prog="edgebus", description=DESCRIPTION)
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -68,6 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     _pipeline_args(run)
     logs_cli.add_parser(sub)
     quality_cli.add_parser(sub)
+    sql_cli.add_parser(sub)
     usage_cli.add_parser(sub)
     return parser
 
@@ -97,6 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return usage_cli.run(args)
         if args.command == "quality":
             return quality_cli.run(args)
+        if args.command == "sql":
+            return sql_cli.run(args)
         return _run(args)
     except SettingsError as exc:
         print(f"edgebus: bad settings: {exc}", file=sys.stderr)

@@ -1,29 +1,45 @@
-"""What the commands that read the lake (``edgebus logs``, ``edgebus usage``) share.
+"""What the commands that read the lake (``edgebus logs``, ``sql``, ``usage``, ...) share.
 
-Their common arguments (``--lake``, ``--tenant``, ``--format``), how they hook into ``edgebus``
-and run alone, SQL literals, opening a table and querying it through delta-rs
-(``deltalake.QueryBuilder``; never ``DeltaTable.to_pyarrow_*``, which can abort the interpreter
-at exit), the error that carries an exit code, and writing rows as aligned columns.
+Their common arguments (``--lake``, ``--tenant``, ``--format``, times), how they hook into
+``edgebus`` and run alone, what counts as a lake, SQL literals, opening a table and querying it
+through delta-rs (``deltalake.QueryBuilder``; never ``DeltaTable.to_pyarrow_*``, which can
+abort the interpreter at exit), the error that carries an exit code, and writing rows as
+aligned columns.
 
-Heavy imports (pyarrow, deltalake) wait until a query runs, so building the ``edgebus`` parser
-stays cheap.
+Start-up is most of what a command costs (the query itself takes some 30 ms on a 10M-row
+table): deltalake waits until a query runs, so building the ``edgebus`` parser stays cheap, and
+results go to Python through arro3 (which deltalake returns and brings along), not pyarrow:
+importing pyarrow (and numpy with it) costs some 150 ms, pandas another 300.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
-    import pyarrow as pa
+    from arro3.core import RecordBatch, RecordBatchReader
     from deltalake import DeltaTable
 
 FORMATS = ("table", "json")
+# Where a Structured Streaming query keeps its checkpoints inside the lake (not a table).
+CHECKPOINTS = "_checkpoints"
+# The times a query may name: DataFusion's timestamp literals are nanoseconds in an int64
+# (1677-2262); the data contracts keep every row's ts within 2000-2100 anyway.
+EARLIEST = datetime(1900, 1, 1, tzinfo=UTC)
+LATEST = datetime(2200, 1, 1, tzinfo=UTC)
+
+_DURATION = re.compile(r"(\d+)([smhdw])")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+# A point in time as given: absolute, or a duration back from the moment the command runs.
+TimeArg = datetime | timedelta
 
 AddArguments = Callable[[argparse.ArgumentParser], None]
 Run = Callable[..., int]
@@ -59,6 +75,45 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
+
+
+def time_arg(text: str) -> TimeArg:
+    """An ISO 8601 time (UTC unless it names a zone) or a duration back from now (15m, 2h, 7d).
+
+    Only the syntax is checked here; :func:`resolve_time` checks the range.
+    """
+    duration = _DURATION.fullmatch(text.strip())
+    if duration:
+        amount, unit = duration.groups()
+        try:
+            return timedelta(**{_UNITS[unit]: int(amount)})
+        except OverflowError:
+            return timedelta.max  # out of range: resolve_time says so, on one line
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an ISO 8601 time (2024-03-10T08:00:00Z) or a duration "
+            f"(15m, 2h, 7d), got {text!r}"
+        ) from None
+    return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+
+
+def resolve_time(option: str, value: TimeArg | None, now: datetime) -> datetime | None:
+    """``value`` of ``option`` as an absolute UTC time, or exit 2 when it is out of range."""
+    if value is None:
+        return None
+    try:
+        when = now - value if isinstance(value, timedelta) else value
+    except OverflowError:
+        when = None
+    if when is None or not EARLIEST <= when < LATEST:
+        raise CommandError(
+            f"{option} is out of range: give a time between {EARLIEST:%Y-%m-%d} and "
+            f"{LATEST:%Y-%m-%d}",
+            exit_code=2,
+        )
+    return when
 
 
 def add_format_argument(parser: argparse.ArgumentParser, json_help: str) -> None:
@@ -124,16 +179,48 @@ def iso(when: datetime, timespec: str = "microseconds") -> str:
     return when.astimezone(UTC).isoformat(timespec=timespec).replace("+00:00", "Z")
 
 
+def is_table(path: Path) -> bool:
+    """Whether ``path`` is a Delta table (on a local disk: it has a ``_delta_log``)."""
+    return (path / "_delta_log").is_dir()
+
+
+def lake_tables(lake: Path) -> list[str]:
+    """The names of the Delta tables in ``lake``, sorted; exit 2 when it is no lake.
+
+    No lake: a directory that is not there (a mistyped ``--lake``), a table's own directory
+    (``--lake lake/logs``), or one that holds other things but no table. An empty directory is
+    a lake the pipeline has not written to yet.
+    """
+    if not lake.is_dir():
+        raise CommandError(f"no lake at {lake}: give --lake DIR (the pipeline's)", exit_code=2)
+    if is_table(lake):
+        raise CommandError(
+            f"{lake} is a Delta table, not a lake: give the directory that holds the tables "
+            f"(--lake {lake.parent})",
+            exit_code=2,
+        )
+    try:
+        entries = list(lake.iterdir())
+    except OSError as exc:
+        raise CommandError(f"cannot read the lake {lake}: {exc}", exit_code=2) from exc
+    tables = sorted(entry.name for entry in entries if entry.is_dir() and is_table(entry))
+    if entries and not tables and not (lake / CHECKPOINTS).is_dir():
+        raise CommandError(
+            f"{lake} is not a lake: it holds no Delta table (logs, messages, usage, ...)",
+            exit_code=2,
+        )
+    return tables
+
+
 def open_table(lake: Path, table: str) -> DeltaTable | None:
     """``table`` of ``lake``; None when the pipeline has not created it yet.
 
-    A lake directory that is not there is an error (exit 2): a mistyped ``--lake``.
+    A directory that is no lake is an error (exit 2, see :func:`lake_tables`).
     """
     from deltalake import DeltaTable
     from deltalake.exceptions import DeltaError
 
-    if not lake.is_dir():
-        raise CommandError(f"no lake at {lake}: give --lake DIR (the pipeline's)", exit_code=2)
+    lake_tables(lake)
     path = lake / table
     try:
         if not DeltaTable.is_deltatable(str(path)):
@@ -143,33 +230,32 @@ def open_table(lake: Path, table: str) -> DeltaTable | None:
         raise CommandError(f"cannot read {path}: {exc}", exit_code=1) from exc
 
 
-def _rows(table: pa.Table) -> list[dict[str, Any]]:
-    """``table.to_pylist()``, without importing pandas (a third of a second per command).
+def execute(tables: dict[str, DeltaTable], sql: str) -> RecordBatchReader:
+    """``sql`` over ``tables`` registered by name: an arro3 stream of its result.
 
-    pyarrow imports pandas to turn a zoned timestamp into Python: zoned columns go over as
-    naive UTC and get their zone back here (``sinks.delta.run_sql`` avoids the other import).
+    DataFusion plans the query here: a query it refuses raises ``DeltaError``; failures while
+    the rows are read (a data file gone) come from the stream, as plain exceptions.
     """
-    import pyarrow as pa
+    from deltalake import QueryBuilder
 
-    zoned = [f.name for f in table.schema if pa.types.is_timestamp(f.type) and f.type.tz]
-    for name in zoned:
-        index = table.schema.get_field_index(name)
-        naive = table.column(name).cast(pa.timestamp(table.schema.field(name).type.unit))
-        table = table.set_column(index, name, naive)
-    rows: list[dict[str, Any]] = table.to_pylist()
-    for row in rows:
-        for name in zoned:
-            if row[name] is not None:
-                row[name] = row[name].replace(tzinfo=UTC)
-    return rows
+    builder = QueryBuilder()
+    for name, delta in tables.items():
+        builder.register(name, delta)
+    return builder.execute(sql)
+
+
+def batch_values(batch: RecordBatch) -> list[tuple[Any, ...]]:
+    """The rows of ``batch`` as tuples of Python values (zoned times with their zone)."""
+    return list(zip(*(column.to_pylist() for column in batch.columns), strict=True))
 
 
 def query(delta: DeltaTable, name: str, sql: str) -> list[dict[str, Any]]:
     """The rows of ``sql`` over ``delta`` registered as ``name`` (exit 1 when it fails)."""
-    from sinks.delta import run_sql
-
     try:
-        rows = _rows(run_sql(delta, name, sql))
+        rows: list[dict[str, Any]] = []
+        for batch in execute({name: delta}, sql):
+            names = batch.column_names
+            rows.extend(dict(zip(names, values, strict=True)) for values in batch_values(batch))
     # DataFusion's errors (a data file missing or corrupt, ...) arrive as plain Exception,
     # not DeltaError: every failure of the query is "cannot read", not a traceback.
     except Exception as exc:
@@ -192,14 +278,19 @@ def fail(command: str, exc: CommandError) -> int:
     return exc.exit_code
 
 
-def write_out(write: Callable[[TextIO], None]) -> None:
-    """Run ``write(sys.stdout)``; a reader that went away (``| head``) is not an error."""
+def write_out(write: Callable[[TextIO], None]) -> bool:
+    """Run ``write(sys.stdout)``; a reader that went away (``| head``) is not an error.
+
+    False when it went away (a command that follows stops then).
+    """
     try:
         write(sys.stdout)
         sys.stdout.flush()
     except BrokenPipeError:
         # Keep the exit-time flush quiet too.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return False
+    return True
 
 
 def write_columns(lines: Sequence[Sequence[str]], out: TextIO) -> None:

@@ -1,16 +1,12 @@
-"""``edgebus logs``: a tenant's log events from the Delta ``logs`` table, newest first.
+"""``edgebus logs``: a tenant's log events from the Delta ``logs`` table.
 
 Hooked into ``edgebus`` with :func:`add_parser` and :func:`run`; ``python -m edgebus.logs_cli``
 runs it alone (:func:`main`). What users see is :data:`DESCRIPTION`.
 
-One DataFusion query through delta-rs (``deltalake.QueryBuilder``, never
-``DeltaTable.to_pyarrow_*``, which can abort the interpreter at exit). Its condition names the
-partition columns, ``tenant = ...`` and ``date`` bounds derived from ``--since``/``--until``, so
-delta-rs opens only the files of the matching partitions (``ts`` bounds then prune more by file
-statistics); ``ORDER BY ... LIMIT`` lets DataFusion keep just the newest rows (a top-k) instead
-of sorting them all. Heavy imports (pyarrow, deltalake) wait until a query runs, so building
-the ``edgebus`` parser stays cheap. What it shares with ``edgebus usage`` is in
-:mod:`edgebus.lake_command`.
+The query (filters, order, cursor, SQL) is :mod:`edgebus.log_query`; following new events is
+:mod:`edgebus.logs_follow`; what it shares with the other lake commands is
+:mod:`edgebus.lake_command`. Heavy imports (pyarrow, deltalake) wait until a query runs, so
+building the ``edgebus`` parser stays cheap.
 """
 
 from __future__ import annotations
@@ -20,79 +16,91 @@ import json
 import re
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from edgebus import lake_command
+from edgebus import lake_command, log_query
 from edgebus.lake_command import (
     CommandError,
     has_tenant,
     iso,
     open_table,
-    sql_date,
-    sql_string,
-    sql_timestamp,
+    resolve_time,
+    time_arg,
+)
+from edgebus.log_query import (
+    COLUMNS,
+    DEFAULT_LIMIT,
+    MAX_LIMIT,
+    QUERY_TABLE,
+    Cursor,
+    DetailMatch,
+    LogQuery,
 )
 
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
+
+__all__ = ["QUERY_TABLE", "LogQuery", "add_parser", "main", "query_rows", "run", "time_arg"]
+
 TABLE = "logs"
-# The name the table is registered under in the query (see LogQuery.sql).
-QUERY_TABLE = "logs"
-DEFAULT_LIMIT = 100
 DETAILS_WIDTH = 80
+# What --fields may name besides the columns: the row's cursor, and details.KEY.
+CURSOR = "cursor"
+DETAILS_PREFIX = "details."
+DEFAULT_TABLE_HEADER = ("TIME", "EVENT_TYPE", "CLIENT_ID", "NODE", "DETAILS")
 DESCRIPTION = """\
 Show a tenant's log events (connect, disconnect, acl_denied, quota_blocked, ...) from the
 lake's Delta table "logs", newest first.
 
+Filters: the values of one option are alternatives (--event-type connect --event-type
+disconnect: either), different options must all hold. --where KEY=VALUE compares a field of
+the event's details as JSON: clean=false is the boolean false, reason_code=0 the number,
+reason=timeout the string; a.b names a nested field.
+
 Times are ISO 8601 (a time without a zone is UTC) or durations back from now: 90s, 15m, 2h,
-7d, 2w. --since is inclusive, --until exclusive. Rows go to stdout, messages to stderr. Exit
-status: 0 (also when nothing matches, the tenant is unknown or nothing was logged yet), 2 for
-bad arguments or a missing lake, 1 when the table cannot be read.
+7d, 2w. --since is inclusive, --until exclusive.
+
+Paging: every JSON row has a "cursor"; --after CURSOR gives the rows after that row in the
+same order (also when several events share a timestamp), so pages never lose or repeat a
+row. A full page names the cursor to go on with.
+
+--follow: the newest events (--limit), oldest first, then each new event as the pipeline
+commits it, until Ctrl-C; it waits for a table that is not there yet. With --after, every
+event after that row first.
+
+Rows go to stdout, messages to stderr. Exit status: 0 (also when nothing matches, the tenant
+is unknown or nothing was logged yet), 2 for bad arguments or a directory that is no lake, 1
+when the table cannot be read.
 
 examples:
   edgebus logs --lake lake --tenant acme --since 2h --event-type connect
-  edgebus logs --tenant acme --since 2024-03-10 --until 2024-03-11T06:00Z --format json
+  edgebus logs --tenant acme --event-type disconnect --where clean=false --format json
+  edgebus logs --tenant acme --since 2024-03-10 --until 2024-03-11 --count
+  edgebus logs --tenant acme --format json --after eyJ0cyI6... (a row's cursor)
+  edgebus logs --tenant acme --follow --fields ts,event_type,client_id,details.reason
 """
-# The columns read, in the order of the JSON output.
-COLUMNS = (
-    "ts",
-    "node",
-    "seq",
-    "tenant",
-    "origin",
-    "event_type",
-    "client_id",
-    "details",
-    "time",
-    "payload_valid",
-    "invalid_reason",
-    "raw",
-)
-
-_DURATION = re.compile(r"(\d+)([smhdw])")
-_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
-# A point in time as given: absolute, or a duration back from the moment the command runs.
-TimeArg = datetime | timedelta
 
-
-def time_arg(text: str) -> TimeArg:
-    """``--since``/``--until``: an ISO 8601 time (UTC unless it names a zone) or a duration."""
-    duration = _DURATION.fullmatch(text.strip())
-    if duration:
-        amount, unit = duration.groups()
-        return timedelta(**{_UNITS[unit]: int(amount)})
-    try:
-        when = datetime.fromisoformat(text.strip())
-    except ValueError:
+def fields_arg(text: str) -> tuple[str, ...]:
+    """``--fields``: comma-separated columns, ``cursor`` or ``details.KEY``."""
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    bad = [
+        name
+        for name in names
+        if name not in COLUMNS
+        and name != CURSOR
+        and not (name.startswith(DETAILS_PREFIX) and len(name) > len(DETAILS_PREFIX))
+    ]
+    if not names or bad:
         raise argparse.ArgumentTypeError(
-            f"expected an ISO 8601 time (2024-03-10T08:00:00Z) or a duration "
-            f"(15m, 2h, 7d), got {text!r}"
-        ) from None
-    return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+            f"unknown field {', '.join(bad) or text!r}: choose from {', '.join(COLUMNS)}, "
+            f"{CURSOR}, details.KEY"
+        )
+    return names
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -109,16 +117,53 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="TIME|DURATION",
         help="up to this time (exclusive), or this long ago",
     )
-    parser.add_argument("--event-type", metavar="E", help="only this event type, e.g. connect")
-    parser.add_argument("--client-id", metavar="C", help="only events about this client id")
+    for option, metavar, what in (
+        ("--event-type", "E", "of this event type, e.g. connect"),
+        ("--client-id", "C", "about this client id"),
+        ("--origin", "O", "from this origin: mqtt, quota"),
+        ("--node", "N", "logged by this edge node"),
+    ):
+        parser.add_argument(
+            option,
+            action="append",
+            default=[],
+            metavar=metavar,
+            help=f"only events {what} (repeatable: any of them)",
+        )
+    parser.add_argument(
+        "--where",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="only events whose details field KEY is VALUE, e.g. clean=false (repeatable: all)",
+    )
+    parser.add_argument(
+        "--fields",
+        type=fields_arg,
+        metavar="F,F,...",
+        help="the fields to show: columns (ts, node, seq, event_type, client_id, origin, "
+        "details, ...), cursor, or details.KEY",
+    )
+    parser.add_argument("--oldest-first", action="store_true", help="oldest events first")
+    parser.add_argument(
+        "--after", metavar="CURSOR", help="only the events after the row with this cursor"
+    )
     parser.add_argument(
         "--limit",
         type=lake_command.positive_int,
         default=DEFAULT_LIMIT,
         metavar="N",
-        help=f"at most N rows (default {DEFAULT_LIMIT})",
+        help=f"at most N rows (default {DEFAULT_LIMIT}, at most {MAX_LIMIT:,})",
     )
-    lake_command.add_format_argument(parser, json_help="one object per line")
+    parser.add_argument(
+        "--count", action="store_true", help="how many events match, per event type, not the rows"
+    )
+    parser.add_argument(
+        "--follow",
+        action="store_true",
+        help="after the newest events, show new ones as they are committed, until Ctrl-C",
+    )
+    lake_command.add_format_argument(parser, json_help="one object per line, with a cursor")
 
 
 def add_parser(
@@ -134,63 +179,61 @@ def add_parser(
     )
 
 
-@dataclass(frozen=True, slots=True)
-class LogQuery:
-    """The filters of one ``edgebus logs`` call, with absolute UTC times."""
-
-    tenant: str
-    since: datetime | None = None
-    until: datetime | None = None
-    event_type: str | None = None
-    client_id: str | None = None
-    limit: int = DEFAULT_LIMIT
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace, now: datetime) -> LogQuery:
-        since, until = _resolve(args.since, now), _resolve(args.until, now)
-        if since is not None and until is not None and since >= until:
-            raise CommandError(
-                f"--since {iso(since)} is not before --until {iso(until)}", exit_code=2
-            )
-        return cls(args.tenant, since, until, args.event_type, args.client_id, args.limit)
-
-    def sql(self) -> str:
-        """The DataFusion query over the table registered as :data:`QUERY_TABLE`."""
-        where = [f"tenant = {sql_string(self.tenant)}"]
-        # The partition column bounds: they are what lets delta-rs skip other days' files.
-        first_day = self.since.date() if self.since else None
-        # --until is exclusive: an until at midnight does not need that day's partition.
-        last_day = (self.until - timedelta(microseconds=1)).date() if self.until else None
-        if first_day and last_day:
-            where.append(f"date BETWEEN {sql_date(first_day)} AND {sql_date(last_day)}")
-        elif first_day:
-            where.append(f"date >= {sql_date(first_day)}")
-        elif last_day:
-            where.append(f"date <= {sql_date(last_day)}")
-        if self.since:
-            where.append(f"ts >= {sql_timestamp(self.since)}")
-        if self.until:
-            where.append(f"ts < {sql_timestamp(self.until)}")
-        if self.event_type is not None:
-            where.append(f"event_type = {sql_string(self.event_type)}")
-        if self.client_id is not None:
-            where.append(f"client_id = {sql_string(self.client_id)}")
-        columns = ", ".join(f'"{name}"' for name in COLUMNS)
-        # Every value above is a quoted literal or a formatted date/time: no injection.
-        return (
-            f"SELECT {columns} FROM {QUERY_TABLE} WHERE {' AND '.join(where)} "  # noqa: S608
-            f"ORDER BY ts DESC, node DESC, seq DESC LIMIT {self.limit}"
+def query_from_args(args: argparse.Namespace, now: datetime) -> LogQuery:
+    """The query ``args`` ask for, or :class:`CommandError` (exit 2) naming what is wrong."""
+    since = resolve_time("--since", args.since, now)
+    until = resolve_time("--until", args.until, now)
+    if since is not None and until is not None and since >= until:
+        raise CommandError(f"--since {iso(since)} is not before --until {iso(until)}", exit_code=2)
+    if args.limit > MAX_LIMIT:
+        raise CommandError(
+            f"--limit {args.limit} is more than {MAX_LIMIT:,}: page with --after CURSOR, or "
+            "use edgebus sql",
+            exit_code=2,
         )
+    if args.follow and (args.count or until is not None):
+        raise CommandError(
+            "--follow shows new events as they come: not with "
+            + ("--count" if args.count else "--until"),
+            exit_code=2,
+        )
+    if args.event_type:
+        log_query.check_event_types(args.event_type)
+    return LogQuery(
+        args.tenant,
+        since,
+        until,
+        event_types=tuple(args.event_type),
+        client_ids=tuple(args.client_id),
+        origins=tuple(args.origin),
+        nodes=tuple(args.node),
+        where=tuple(DetailMatch.parse(text) for text in args.where),
+        after=Cursor.decode(args.after) if args.after is not None else None,
+        oldest_first=args.oldest_first or args.follow,
+        limit=args.limit,
+        columns=_columns(args.fields),
+    )
 
 
-def _resolve(value: TimeArg | None, now: datetime) -> datetime | None:
-    if isinstance(value, timedelta):
-        return now - value
-    return value
+def _columns(fields: tuple[str, ...] | None) -> tuple[str, ...]:
+    """The table columns to read for ``fields`` (every column without ``--fields``)."""
+    if fields is None:
+        return COLUMNS
+    wanted = {"details" if name.startswith(DETAILS_PREFIX) else name for name in fields}
+    return tuple(name for name in COLUMNS if name in wanted)
 
 
 def query_rows(lake: Path, query: LogQuery) -> list[dict[str, Any]]:
-    """The rows of ``query``, newest first, or :class:`CommandError`."""
+    """The rows of ``query`` in its order, or :class:`CommandError`."""
+    delta = open_logs(lake)
+    rows = log_query.fetch(delta, query)
+    if not rows:
+        _check_tenant(delta, query.tenant)
+    return rows
+
+
+def open_logs(lake: Path) -> DeltaTable:
+    """The ``logs`` table, or exit 0 saying the pipeline has not created it yet."""
     delta = open_table(lake, TABLE)
     if delta is None:
         raise CommandError(
@@ -198,39 +241,89 @@ def query_rows(lake: Path, query: LogQuery) -> list[dict[str, Any]]:
             "first log event it processes",
             exit_code=0,
         )
-    rows = lake_command.query(delta, QUERY_TABLE, query.sql())
-    if not rows and not has_tenant(delta, query.tenant):
+    return delta
+
+
+def _check_tenant(delta: DeltaTable, tenant: str) -> None:
+    if not has_tenant(delta, tenant):
         raise CommandError(
-            f"no log events for tenant {query.tenant!r} in {lake / TABLE} "
+            f"no log events for tenant {tenant!r} in {delta.table_uri} "
             "(an unknown tenant, or none logged yet)",
             exit_code=0,
         )
-    return rows
 
 
 def run(args: argparse.Namespace, *, now: datetime | None = None) -> int:
     """Run ``edgebus logs`` with parsed ``args``; the exit code."""
     try:
-        query = LogQuery.from_args(args, now if now is not None else datetime.now(UTC))
+        query = query_from_args(args, now if now is not None else datetime.now(UTC))
+        if args.follow:
+            from edgebus import logs_follow
+
+            return logs_follow.follow(args.lake, query, Output(args.format, args.fields))
+        if args.count:
+            return _count(args.lake, query, args.format)
         rows = query_rows(args.lake, query)
     except CommandError as exc:
         return lake_command.fail("logs", exc)
+    except KeyboardInterrupt:  # Ctrl-C during a long query: the shell's code, no traceback
+        return 130
     if not rows:
         print("edgebus logs: no log events match", file=sys.stderr)
         return 0
-    lake_command.write_out(partial(write_json if args.format == "json" else write_table, rows))
+    Output(args.format, args.fields).write(rows)
     if len(rows) == query.limit:
+        which = "oldest" if query.oldest_first else "newest"
         print(
-            f"edgebus logs: the newest {query.limit} shown; older ones may match "
-            "(--limit, --until)",
+            f"edgebus logs: the {which} {query.limit} shown; more may match: "
+            f"--after {Cursor.of(rows[-1]).encode()}",
             file=sys.stderr,
         )
     return 0
 
 
-def write_json(rows: Sequence[dict[str, Any]], out: TextIO) -> None:
-    """One JSON object per row and line; ``details`` as the object itself."""
-    for row in rows:
+def _count(lake: Path, query: LogQuery, fmt: str) -> int:
+    delta = open_logs(lake)
+    totals = log_query.count(delta, query)
+    if not totals:
+        _check_tenant(delta, query.tenant)
+    ordered = sorted(totals.items(), key=lambda item: (-item[1], item[0] or ""))
+    if fmt == "json":
+        lines = [json.dumps({"event_type": name, "count": n}) + "\n" for name, n in ordered]
+        lake_command.write_out(lambda out: out.writelines(lines))
+    else:
+        table = [("EVENT_TYPE", "COUNT")]
+        table += [(name or "-", str(n)) for name, n in ordered]
+        table.append(("TOTAL", str(sum(totals.values()))))
+        lake_command.write_out(partial(lake_command.write_columns, table))
+    return 0
+
+
+class Output:
+    """Rows as ``--format`` and ``--fields`` ask; for --follow, one batch after another."""
+
+    def __init__(self, fmt: str, fields: tuple[str, ...] | None) -> None:
+        self.format = fmt
+        self.fields = fields
+        self.header_written = False
+
+    def write(self, rows: Sequence[dict[str, Any]]) -> bool:
+        """Write ``rows``; False when stdout was closed (``| head``)."""
+        if self.format == "json":
+            return lake_command.write_out(partial(self._json, rows))
+        return lake_command.write_out(partial(self._table, rows))
+
+    def _json(self, rows: Sequence[dict[str, Any]], out: TextIO) -> None:
+        for row in rows:
+            out.write(json.dumps(self._doc(row)) + "\n")
+
+    def _doc(self, row: dict[str, Any]) -> dict[str, Any]:
+        """One row as JSON: ``details`` as the object itself, and its cursor."""
+        cursor = Cursor.of(row).encode()
+        if self.fields is not None:
+            doc = {name: self._value(row, name, cursor) for name in self.fields}
+            doc.setdefault(CURSOR, cursor)
+            return doc
         doc = {name: row[name] for name in COLUMNS if name not in ("raw", "invalid_reason")}
         doc["ts"] = iso(row["ts"])
         if row["details"] is not None:
@@ -238,16 +331,53 @@ def write_json(rows: Sequence[dict[str, Any]], out: TextIO) -> None:
         if not row["payload_valid"]:
             doc["invalid_reason"] = row["invalid_reason"]
             doc["raw"] = _raw_text(row["raw"])
-        out.write(json.dumps(doc) + "\n")
+        doc[CURSOR] = cursor
+        return doc
+
+    @staticmethod
+    def _value(row: dict[str, Any], name: str, cursor: str) -> Any:
+        if name == CURSOR:
+            return cursor
+        if name.startswith(DETAILS_PREFIX):
+            found: Any = log_query.details_of(row)
+            for key in name[len(DETAILS_PREFIX) :].split("."):
+                found = found.get(key) if isinstance(found, dict) else None
+            return found
+        value = row[name]
+        if name == "ts":
+            return iso(value)
+        if name == "details" and value is not None:
+            return json.loads(value)
+        if name == "raw":
+            return None if value is None else _raw_text(value)
+        return value
+
+    def _table(self, rows: Sequence[dict[str, Any]], out: TextIO) -> None:
+        """Aligned columns; for --follow the header only once."""
+        fields = self.fields
+        header = DEFAULT_TABLE_HEADER if fields is None else tuple(f.upper() for f in fields)
+        lines = [header, *(self._cells(row, fields) for row in rows)]
+        widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
+        for line in lines[1:] if self.header_written else lines:
+            cells = [cell.ljust(width) for cell, width in zip(line, widths, strict=False)]
+            out.write("  ".join([*cells, line[-1]]).rstrip() + "\n")
+        self.header_written = True
+
+    def _cells(self, row: dict[str, Any], fields: Sequence[str] | None) -> tuple[str, ...]:
+        if fields is None:
+            return _default_cells(row)
+        cursor = Cursor.of(row).encode() if CURSOR in fields else ""
+        return tuple(_cell(self._value(row, name, cursor)) for name in fields)
 
 
-def write_table(rows: Sequence[dict[str, Any]], out: TextIO) -> None:
-    """Aligned columns: time, event type, client id, node, details (truncated)."""
-    header = ("TIME", "EVENT_TYPE", "CLIENT_ID", "NODE", "DETAILS")
-    lake_command.write_columns([header, *(_table_cells(row) for row in rows)], out)
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    text = value if isinstance(value, str) else json.dumps(value)
+    return _truncate(_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text), DETAILS_WIDTH)
 
 
-def _table_cells(row: dict[str, Any]) -> tuple[str, str, str, str, str]:
+def _default_cells(row: dict[str, Any]) -> tuple[str, str, str, str, str]:
     if row["payload_valid"]:
         details = row["details"] or ""
     else:

@@ -17,6 +17,7 @@ from lake_fixture import DeltaBatchWriter
 from repeated_runs import outputs_of_repeated_runs
 
 from edgebus import logs_cli
+from edgebus.log_query import Cursor
 from edgebus.logs_cli import LogQuery, time_arg
 from schemas.tables import LOGS_PARTITION_BY, LOGS_SCHEMA
 
@@ -104,6 +105,8 @@ def test_newest_first_only_the_tenant(lake: Path, capsys: pytest.CaptureFixture[
 
 def test_json_lines(lake: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rows = run_json(lake, "--tenant", "acme", capsys=capsys)
+    cursor = Cursor.decode(rows[2].pop("cursor"))
+    assert cursor == Cursor(1_710_201_600_000_000, "edge-b", 2)  # (ts in µs, node, seq)
     assert rows[2] == {
         "ts": "2024-03-12T00:00:00.000000Z",
         "node": "edge-b",
@@ -146,7 +149,7 @@ def test_json_lines(lake: Path, capsys: pytest.CaptureFixture[str]) -> None:
         ),
         pytest.param(["--limit", "2"], ACME[:2], id="limit"),
         pytest.param(["--since", "2d", "--limit", "3"], ACME[:3], id="since-and-limit"),
-        pytest.param(["--event-type", "it's"], [], id="quote-in-value"),
+        pytest.param(["--client-id", "it's"], [], id="quote-in-value"),
     ],
 )
 def test_filters(
@@ -204,7 +207,7 @@ def test_long_details_are_truncated(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 def test_no_match_and_unknown_tenant_exit_0(lake: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert logs_cli.main(["--lake", str(lake), "--tenant", "acme", "--event-type", "x"]) == 0
+    assert logs_cli.main(["--lake", str(lake), "--tenant", "acme", "--client-id", "x"]) == 0
     out, err = capsys.readouterr()
     assert out == ""
     assert "no log events match" in err
@@ -317,7 +320,7 @@ def partition_files(lake: Path, predicate: str) -> set[str]:
             id="one-day",
         ),
         pytest.param(
-            LogQuery("other", since=dt.datetime(2024, 3, 11, tzinfo=UTC), event_type="connect"),
+            LogQuery("other", since=dt.datetime(2024, 3, 11, tzinfo=UTC), event_types=("connect",)),
             "tenant = 'other' AND date >= '2024-03-11'",
             id="since",
         ),
