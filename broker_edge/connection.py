@@ -53,6 +53,7 @@ from broker_edge.packets import (
     Subscription,
     Unsuback,
     Unsubscribe,
+    Will,
 )
 from broker_edge.plim import TenantUsage
 from broker_edge.tenants import ALLOW_ALL, Acl
@@ -359,24 +360,8 @@ class Connection:
             self.send(Connack(reason_code=refusal))
             self.close(None)
             return
-        if packet.will is not None:
-            will = packet.will
-            try:
-                validate_topic_name(will.topic)  # [MQTT-3.1.3-11]
-            except InvalidTopic as exc:
-                raise ProtocolError(f"will topic: {exc}", ReasonCode.TOPIC_NAME_INVALID) from exc
-            # Will Delay is a property of the will, not of the message it becomes.
-            message_props = will.properties
-            if message_props.will_delay_interval is not None:
-                message_props = dataclasses.replace(message_props, will_delay_interval=None)
-            self.will = Publish(
-                topic=will.topic,
-                payload=will.payload,
-                qos=will.qos,
-                retain=will.retain,
-                properties=message_props,
-            )
-            self.will_delay = will.properties.will_delay_interval or 0
+        if packet.will is not None and not self._take_will(packet.will, v5):
+            return
         if v5:
             cp = packet.properties
             self.receive_maximum_out = cp.receive_maximum or 65_535
@@ -400,6 +385,35 @@ class Connection:
             )
         self.send(Connack(session_present=present, reason_code=0, properties=props))
         self.broker.session_resumed(self, session)
+
+    def _take_will(self, will: Will, v5: bool) -> bool:
+        """Keep the CONNECT's will, or refuse the connection (False) if this client may not
+        publish it."""
+        try:
+            validate_topic_name(will.topic)  # [MQTT-3.1.3-11]
+        except InvalidTopic as exc:
+            raise ProtocolError(f"will topic: {exc}", ReasonCode.TOPIC_NAME_INVALID) from exc
+        # Will Delay is a property of the will, not of the message it becomes.
+        message_props = will.properties
+        if message_props.will_delay_interval is not None:
+            message_props = dataclasses.replace(message_props, will_delay_interval=None)
+        will_publish = Publish(
+            topic=will.topic,
+            payload=will.payload,
+            qos=will.qos,
+            retain=will.retain,
+            properties=message_props,
+        )
+        # The will becomes a publish of this client: checked like one, now, while the CONNACK
+        # can still refuse it (ACL, "$" topics, payload limit) [MQTT-3.2.2-12].
+        refusal = self.broker.tenancy.refuse_publish(self, will_publish, action="will")
+        if refusal is not None:
+            self.send(Connack(reason_code=refusal if v5 else ConnackCode311.NOT_AUTHORIZED))
+            self.close(None)
+            return False
+        self.will = will_publish
+        self.will_delay = will.properties.will_delay_interval or 0
+        return True
 
     def _on_publish(self, packet: Publish, now: float) -> None:
         if packet.properties is not NO_PROPERTIES:
@@ -596,6 +610,12 @@ class Connection:
         self.send(Pingresp())
 
     def _on_disconnect(self, packet: Disconnect, now: float) -> None:
+        expiry = packet.properties.session_expiry_interval
+        if expiry is not None and self.version == ProtocolVersion.MQTT_5:
+            # The client may change its session's expiry on the way out [MQTT-3.14.2.2.2], but
+            # not make a session persistent that it opened with 0 [MQTT-3.14.2-2]: that is a
+            # protocol error, answered with DISCONNECT 0x82, and the will is published.
+            self.broker.set_session_expiry(self, expiry)
         # A normal DISCONNECT discards the will [MQTT-3.1.2-10]; v5 0x04 keeps it.
         if packet.reason_code != ReasonCode.DISCONNECT_WITH_WILL:
             self.will = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from broker_edge.logtext import truncated
 from broker_edge.packets import (
     ConnackCode311,
     Connect,
@@ -73,10 +74,11 @@ class Tenancy:
         else:
             grant = self.config.grant(packet.username)
             if grant is None:
+                # Journaled in the operator's namespace for anyone who tries: keep it small.
                 self.log(
                     OPERATOR_TENANT,
                     "auth_failed",
-                    conn.client_id,
+                    truncated(conn.client_id),
                     {"peer": conn.peer, "username": packet.username is not None},
                 )
                 # The issue names 0x86 (bad user name or password: the token) for MQTT 5.
@@ -97,11 +99,14 @@ class Tenancy:
                 {"refused": "connect", "reason": "quota_blocked"},
             )
             return refusal
-        takeover = (conn.tenant, conn.client_id) in self.broker.connections
+        # Every session counts, the offline persistent ones too; a client taking over or
+        # resuming its own session adds none.
+        key = (conn.tenant, conn.client_id)
+        known = key in self.broker.connections or key in self.broker.sessions
         if (
             limits.sessions is not None
-            and not takeover
-            and self.connected.get(conn.tenant, 0) >= limits.sessions
+            and not known
+            and self.broker.session_counts.get(conn.tenant, 0) >= limits.sessions
         ):
             self.log(
                 conn.tenant,
@@ -131,20 +136,24 @@ class Tenancy:
 
     # -- publish checks --------------------------------------------------------------------
 
-    def refuse_publish(self, conn: Connection, packet: Publish) -> int | None:
-        """None to accept, or the MQTT 5 reason code to refuse an inbound publish with."""
+    def refuse_publish(
+        self, conn: Connection, packet: Publish, *, action: str = "publish"
+    ) -> int | None:
+        """None to accept, or the MQTT 5 reason code to refuse an inbound publish with.
+
+        A will is checked here too, at CONNECT (``action="will"``): it becomes a publish of
+        this client later, so what the client may not publish it may not leave as a will.
+        """
         topic = packet.topic
         if topic[0] == "$":
             # "$" topics are the platform's; only the operator may publish quota decisions.
             if not (conn.operator and topic.startswith(CONTROL_PREFIX)):
                 self.log(
-                    conn.tenant, "acl_denied", conn.client_id, {"action": "publish", "topic": topic}
+                    conn.tenant, "acl_denied", conn.client_id, {"action": action, "topic": topic}
                 )
                 return ReasonCode.NOT_AUTHORIZED
         elif not conn.acl.may_publish(topic):
-            self.log(
-                conn.tenant, "acl_denied", conn.client_id, {"action": "publish", "topic": topic}
-            )
+            self.log(conn.tenant, "acl_denied", conn.client_id, {"action": action, "topic": topic})
             return ReasonCode.NOT_AUTHORIZED
         if conn.tenant in self.blocked:
             conn.usage.dropped += 1
@@ -159,6 +168,7 @@ class Tenancy:
                     "value": conn.max_payload,
                     "size": len(packet.payload),
                     "topic": topic,
+                    "action": action,
                 },
             )
             conn.usage.dropped += 1

@@ -41,17 +41,22 @@ def _client(port: int, client_id: str, inbox: queue.Queue[mqtt.MQTTMessage]) -> 
     return client
 
 
-def test_sigkilled_edge_rebuilds_sessions_queues_and_retained(tmp_path: Path) -> None:
-    data_dir = tmp_path / "data"
-    edge, port = _edge(data_dir)
-    inbox: queue.Queue[mqtt.MQTTMessage] = queue.Queue()
-    sub = _client(port, "crash-sub", inbox)
+def _subscribe_and_leave(port: int, client_id: str, inbox: queue.Queue[mqtt.MQTTMessage]) -> None:
+    """A persistent session subscribed to ``fleet/#`` at QoS 1 (SUBACK received), offline."""
+    sub = _client(port, client_id, inbox)
     done: queue.Queue[int] = queue.Queue()
     sub.on_subscribe = lambda c, u, mid, codes, p: done.put(mid)
     sub.subscribe("fleet/#", qos=1)
     done.get(timeout=10)
     sub.disconnect()
     sub.loop_stop()
+
+
+def test_sigkilled_edge_rebuilds_sessions_queues_and_retained(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    edge, port = _edge(data_dir)
+    inbox: queue.Queue[mqtt.MQTTMessage] = queue.Queue()
+    _subscribe_and_leave(port, "crash-sub", inbox)
     # The new persistent subscription reaches a snapshot within about a second.
     snapshot = data_dir / "state" / "crash" / "snapshot.json"
     deadline = time.monotonic() + 10
@@ -93,3 +98,37 @@ def test_sigkilled_edge_rebuilds_sessions_queues_and_retained(tmp_path: Path) ->
     finally:
         edge.send_signal(signal.SIGTERM)
         assert edge.wait(20) == 0
+
+
+def test_a_session_confirmed_just_before_a_sigkill_survives_it(tmp_path: Path) -> None:
+    """SUBACK, DISCONNECT, one QoS 1 publish acknowledged, SIGKILL: no snapshot can have
+    caught the session yet (they come at most once a second), the session log has."""
+    data_dir = tmp_path / "data"
+    edge, port = _edge(data_dir)
+    try:
+        inbox: queue.Queue[mqtt.MQTTMessage] = queue.Queue()
+        _subscribe_and_leave(port, "quick-sub", inbox)  # SUBACK, DISCONNECT
+        pub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="quick-pub")
+        pub.connect("127.0.0.1", port)
+        pub.loop_start()
+        info = pub.publish("fleet/v1/pos", b"acked", qos=1)
+        info.wait_for_publish(10)
+        assert info.is_published()
+        pub.disconnect()
+        pub.loop_stop()
+    finally:
+        edge.send_signal(signal.SIGKILL)
+        edge.wait(10)
+    snapshot = data_dir / "state" / "crash" / "snapshot.json"
+    assert b"quick-sub" not in (snapshot.read_bytes() if snapshot.exists() else b"")
+
+    edge, port = _edge(data_dir)
+    try:
+        again = _client(port, "quick-sub", inbox)
+        assert again.session_present  # type: ignore[attr-defined]
+        assert inbox.get(timeout=10).payload == b"acked"
+        again.disconnect()
+        again.loop_stop()
+    finally:
+        edge.send_signal(signal.SIGTERM)
+        edge.wait(10)
