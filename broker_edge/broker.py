@@ -167,6 +167,7 @@ class Broker:
         self.stats = Stats()
         self.tenancy = Tenancy(self, tenants)
         self.valid_topics: set[str] = set()
+        self.valid_topic_chars = 0  # characters in valid_topics (see connection.py)
         # Set when a persistent session's shape changes (created, subscribed, dropped): the node
         # then snapshots soon, so a crash cannot forget a subscription for long.
         self.state_changed = False

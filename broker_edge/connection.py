@@ -66,8 +66,15 @@ if TYPE_CHECKING:
 _client_numbers = itertools.count(1)
 
 # Topic names already validated, shared by every connection of a broker (bounded: cleared when
-# full). Devices publish to the same few topics over and over.
+# full, by count and by characters, so long distinct topics cannot pile up in it). Devices
+# publish to the same few topics over and over.
 VALID_TOPIC_CACHE = 16_384
+VALID_TOPIC_CACHE_CHARS = 2**20
+
+# What a PUBLISH may carry besides its payload (topic name, packet id, properties): with a
+# tenant's max_payload_bytes, a packet declaring more than payload + this is refused from its
+# fixed header, before its body is buffered.
+PUBLISH_HEADROOM = 128 * 1024
 
 CONNECT_MAX = 2**20
 
@@ -119,6 +126,7 @@ class Connection:
         "call_later",
         "clean_disconnect",
         "client_id",
+        "clock",
         "close_reason",
         "close_transport",
         "closing",
@@ -190,8 +198,10 @@ class Connection:
         self.rate = 0.0  # messages per second allowed (token bucket); 0: unlimited
         self.bucket = 0.0
         self.bucket_at = now
-        # Set by the listener: run a callback after a delay (loop.call_later).
+        # Set by the listener: run a callback after a delay (loop.call_later), and read the
+        # loop's clock (to end a turn that ran too long; see receive).
         self.call_later: Callable[[float, Callable[[], None]], object] = _never
+        self.clock: Callable[[], float] = _no_time
         self.out: list[bytes] = []
         self.write_paused = False
         self.closing = False
@@ -204,9 +214,10 @@ class Connection:
         ProtocolError when the peer broke the protocol.
 
         Stops early, returning True, once this call has routed more than the broker's
-        ``max_deliveries_per_turn`` deliveries (a burst fanned out to many subscribers): the
-        caller writes what was routed so far and calls ``receive(b"", now)`` again for the rest,
-        so subscribers see deliveries flow instead of waiting for a whole read to be routed.
+        ``max_deliveries_per_turn`` deliveries (a burst fanned out to many subscribers), or
+        handled packets for more than ``max_turn_seconds`` by ``clock``: the caller writes what
+        was routed so far and calls ``receive(b"", now)`` again for the rest, so subscribers see
+        deliveries flow, and other clients are served, instead of waiting for a whole read.
         """
         self.last_rx = now
         decoder = self.decoder
@@ -217,6 +228,8 @@ class Connection:
         broker = self.broker
         stats = broker.stats
         turn_ends = stats.messages_out + broker.settings.max_deliveries_per_turn
+        clock = self.clock
+        deadline = now + broker.settings.max_turn_seconds
         while not self.closing:
             packet = decoder.next_packet()
             if packet is None:
@@ -231,7 +244,7 @@ class Connection:
                     ReasonCode.PROTOCOL_ERROR,
                 )
             handlers[kind](self, packet, now)
-            if stats.messages_out > turn_ends:
+            if stats.messages_out > turn_ends or clock() > deadline:
                 return True
         return False
 
@@ -271,6 +284,15 @@ class Connection:
         if self.closing and self.state is not ConnState.CLOSED:
             self.state = ConnState.CLOSED
             self.close_transport()
+
+    def packet_limit(self) -> int:
+        """The largest packet this client may send: the edge's maximum packet size, lowered
+        to what the tenant's max_payload_bytes can use. The decoder refuses a bigger one from
+        its fixed header [MQTT-3.2.2-15], so a slow body is never buffered."""
+        limit = self.broker.settings.max_packet_size
+        if self.max_payload:
+            limit = min(limit, self.max_payload + PUBLISH_HEADROOM)
+        return limit
 
     def outgoing_alias(self, topic: str) -> tuple[int, bool]:
         """(alias, already known to the client) for a topic sent to this client; alias 0 when
@@ -366,8 +388,12 @@ class Connection:
             cp = packet.properties
             self.receive_maximum_out = cp.receive_maximum or 65_535
             self.max_packet_out = cp.maximum_packet_size or 0
-            self.alias_out_max = cp.topic_alias_maximum or 0
-        self.decoder.max_packet_size = self.broker.settings.max_packet_size
+            # Never more aliases than we accept ourselves: each holds a topic name (up to
+            # 64 KiB) for as long as the connection lives.
+            self.alias_out_max = min(
+                cp.topic_alias_maximum or 0, self.broker.settings.topic_alias_maximum
+            )
+        self.decoder.max_packet_size = self.packet_limit()
         session, present = self.broker.open_session(self, packet, now)
         self.session = session
         self.state = ConnState.CONNECTED
@@ -380,7 +406,9 @@ class Connection:
                 receive_maximum=settings.max_inflight_messages,
                 topic_alias_maximum=settings.topic_alias_maximum or None,
                 maximum_packet_size=(
-                    settings.max_packet_size if settings.max_packet_size < 268_435_460 else None
+                    self.decoder.max_packet_size
+                    if self.decoder.max_packet_size < 268_435_460
+                    else None
                 ),
             )
         self.send(Connack(session_present=present, reason_code=0, properties=props))
@@ -393,6 +421,11 @@ class Connection:
             validate_topic_name(will.topic)  # [MQTT-3.1.3-11]
         except InvalidTopic as exc:
             raise ProtocolError(f"will topic: {exc}", ReasonCode.TOPIC_NAME_INVALID) from exc
+        if will.topic.count("/") >= self.broker.settings.max_topic_levels:
+            raise ProtocolError(
+                f"will topic of more than {self.broker.settings.max_topic_levels} levels",
+                ReasonCode.TOPIC_NAME_INVALID,
+            )
         # Will Delay is a property of the will, not of the message it becomes.
         message_props = will.properties
         if message_props.will_delay_interval is not None:
@@ -426,15 +459,9 @@ class Connection:
             if packet.properties.topic_alias is not None:
                 packet = self._resolve_alias(packet)
         topic = packet.topic
-        valid = self.broker.valid_topics
-        if topic not in valid:
-            try:
-                validate_topic_name(topic)
-            except InvalidTopic as exc:
-                raise ProtocolError(str(exc), ReasonCode.TOPIC_NAME_INVALID) from exc
-            if len(valid) >= VALID_TOPIC_CACHE:
-                valid.clear()
-            valid.add(topic)
+        broker = self.broker
+        if topic not in broker.valid_topics:
+            self._learn_topic(topic)
         qos = packet.qos
         session = self.session
         assert session is not None
@@ -443,7 +470,6 @@ class Connection:
             # [MQTT-4.3.3-10].
             self.send(Pubrec(packet_id=packet.packet_id))
             return
-        broker = self.broker
         if (
             topic[0] == "$"
             or self.acl is not ALLOW_ALL
@@ -496,6 +522,28 @@ class Connection:
         if qos == _QOS2:
             session.awaiting_rel.add(pid)
         broker.after_durable(seq, self, pid, qos)
+
+    def _learn_topic(self, topic: str) -> None:
+        """Check a topic name not seen lately and remember it as valid."""
+        broker = self.broker
+        try:
+            validate_topic_name(topic)
+        except InvalidTopic as exc:
+            raise ProtocolError(str(exc), ReasonCode.TOPIC_NAME_INVALID) from exc
+        if topic.count("/") >= broker.settings.max_topic_levels:
+            raise ProtocolError(
+                f"topic name of more than {broker.settings.max_topic_levels} levels",
+                ReasonCode.TOPIC_NAME_INVALID,
+            )
+        valid = broker.valid_topics
+        if (
+            len(valid) >= VALID_TOPIC_CACHE
+            or broker.valid_topic_chars + len(topic) > VALID_TOPIC_CACHE_CHARS
+        ):
+            valid.clear()
+            broker.valid_topic_chars = 0
+        valid.add(topic)
+        broker.valid_topic_chars += len(topic)
 
     def _resolve_alias(self, packet: Publish) -> Publish:
         """Apply an inbound topic alias [MQTT-3.3.2.3.4]."""
@@ -561,11 +609,17 @@ class Connection:
         codes: list[int] = []
         accepted: list[tuple[str | None, str, Subscription]] = []
         ids = packet.properties.subscription_identifiers
+        assert self.session is not None
+        held = set(self.session.subscriptions)
         for sub in packet.subscriptions:
             try:
                 group, topic_filter = parse_subscription_filter(sub.topic_filter)
             except InvalidTopic:
                 codes.append(ReasonCode.TOPIC_FILTER_INVALID if v5 else SUBACK_FAILURE_311)
+                continue
+            refusal = self._over_limits(sub.topic_filter, topic_filter, held)
+            if refusal is not None:
+                codes.append(refusal if v5 else SUBACK_FAILURE_311)
                 continue
             if group is not None and sub.no_local:
                 # No Local on a shared subscription is a protocol error [MQTT-3.8.3-4].
@@ -581,6 +635,7 @@ class Connection:
                 continue
             codes.append(int(sub.qos))
             accepted.append((group, topic_filter, sub))
+            held.add(sub.topic_filter)
         # SUBACK before the retained messages the subscriptions bring [MQTT-3.8.4-1].
         self.send(Suback(packet_id=packet.packet_id, reason_codes=tuple(codes)))
         self.broker.subscribe(self, accepted, ids[0] if ids else None)
@@ -593,6 +648,27 @@ class Connection:
                 "reason_codes": [int(c) for c in codes],
             },
         )
+
+    def _over_limits(self, full: str, topic_filter: str, held: set[str]) -> int | None:
+        """The reason code refusing a filter over the edge's limits, or None. ``held``: the
+        session's filters, those accepted earlier in this SUBSCRIBE included."""
+        settings = self.broker.settings
+        if topic_filter.count("/") >= settings.max_topic_levels:
+            return ReasonCode.TOPIC_FILTER_INVALID
+        if full not in held and len(held) >= settings.max_subscriptions_per_client:
+            # Each filter costs every publish in the namespace a walk of its levels.
+            self.broker.tenancy.log(
+                self.tenant,
+                "limit_exceeded",
+                self.client_id,
+                {
+                    "limit": "max_subscriptions_per_client",
+                    "value": settings.max_subscriptions_per_client,
+                    "topic_filter": full,
+                },
+            )
+            return ReasonCode.QUOTA_EXCEEDED
+        return None
 
     def _on_unsubscribe(self, packet: Unsubscribe, now: float) -> None:
         found = self.broker.unsubscribe(self, packet.topic_filters)
@@ -638,6 +714,10 @@ def _noop() -> None:
 
 def _never(delay: float, callback: Callable[[], None]) -> None:
     del delay, callback
+
+
+def _no_time() -> float:
+    return 0.0  # without a listener's clock no turn is ever too long
 
 
 _NO_USAGE = TenantUsage()  # replaced at CONNECT; nothing is counted before

@@ -53,6 +53,7 @@ class MqttProtocol(asyncio.Protocol):
         conn.pause_reading = transport.pause_reading
         conn.resume_reading = transport.resume_reading
         conn.call_later = self._loop.call_later
+        conn.clock = self._loop.time
         high = self._broker.settings.write_buffer_high_water
         transport.set_write_buffer_limits(high=high, low=high // 4)
         self._conn = conn

@@ -132,6 +132,7 @@ class Tenancy:
             limits = config.limits(conn.tenant)
             conn.max_payload = limits.max_payload_bytes or 0
             conn.rate = float(limits.messages_per_second or 0)
+            conn.decoder.max_packet_size = conn.packet_limit()
         self.broker.flush_dirty()
 
     # -- publish checks --------------------------------------------------------------------

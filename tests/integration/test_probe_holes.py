@@ -39,6 +39,7 @@ subscribe = ["fleet/#", "$log/#"]
 tokens = ["tiny-1"]
 [tenants.tiny.limits]
 sessions = 2
+max_payload_bytes = 16
 """
 
 NOT_AUTHORIZED_V5 = 0x87
@@ -308,3 +309,30 @@ def test_the_client_reads_the_disconnect_even_while_it_keeps_writing(edge: Any) 
             data += chunk
         assert data[:1] == b"\xe0", data[:16].hex(" ")
         assert data[2] == 0x94
+
+
+# -- memory one client can take ----------------------------------------------------------------
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+@pytest.mark.parametrize(("token", "limit"), [("tiny-1", 16 + 128 * 1024), (None, 2**20)])
+def test_a_publish_header_declaring_more_than_allowed_is_refused_before_its_body(
+    make_edge: Any, tenants_file: Path, token: str | None, limit: int
+) -> None:
+    edge = make_edge(tenants=tenants_file if token else None)
+    tail = _str(token.encode()) if token else b""
+    with socket.create_connection(("127.0.0.1", edge.port), timeout=TIMEOUT) as sock:
+        sock.sendall(connect_v5(b"big", flags=0x82 if token else 0x02, tail=tail))
+        connack = _read_packet(sock)
+        assert connack[3] == 0
+        assert b"\x27" + limit.to_bytes(4, "big") in connack  # Maximum Packet Size
+        # 100 MB declared, a few bytes sent: refused from the fixed header, nothing buffered.
+        sock.sendall(b"\x30" + _varint(100_000_000) + _str(b"t") + b"slow body")
+        answer = _read_all(sock)
+    assert (answer[0], answer[2]) == (0xE0, 0x95)  # DISCONNECT, Packet too large
