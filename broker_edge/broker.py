@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from broker_edge.codec import encode_publish
-from broker_edge.connection import PAUSED_BY_JOURNAL, Connection, ConnState
+from broker_edge.connection import PAUSED_BY_JOURNAL, RECORD_OVERHEAD, Connection, ConnState
 from broker_edge.errors import ProtocolError
 from broker_edge.logtext import printable, truncated
 from broker_edge.message import Message
@@ -488,7 +488,10 @@ class Broker:
         usage = conn.usage
         usage.messages_in += 1
         usage.bytes_in += size
-        return self._accept(conn.tenant, conn.client_id, packet, conn)
+        seq = self._accept(conn.tenant, conn.client_id, packet, conn)
+        conn.turn_bytes += size + len(packet.topic) + RECORD_OVERHEAD  # see Connection.end_turn
+        conn.turn_seq = seq
+        return seq
 
     def _accept(
         self, tenant: str, client_id: str, packet: Publish, publisher: Connection | None

@@ -84,6 +84,11 @@ CONNECT_MAX = 2**20
 PAUSED_BY_RATE = 1  # over its tenant's message rate (tenancy.take_token)
 PAUSED_BY_JOURNAL = 2  # the journal's backlog is over max_journal_backlog
 PAUSED_BY_ROUTING = 4  # packets of an earlier read still to handle (see receive)
+PAUSED_BY_BACKLOG = 8  # its own records awaiting the journal are over the per-client bound
+
+# What a journal record costs while it waits for its commit, beyond its topic and payload (the
+# writer's buffered Python values), for the per-client bound on that backlog.
+RECORD_OVERHEAD = 256
 
 
 class ConnState(Enum):
@@ -133,6 +138,7 @@ class Connection:
         "connected_at",
         "decoder",
         "inbound_unacked",
+        "journal_bytes",
         "keepalive",
         "last_rx",
         "max_packet_out",
@@ -149,6 +155,8 @@ class Connection:
         "state",
         "tenant",
         "token",
+        "turn_bytes",
+        "turn_seq",
         "usage",
         "version",
         "will",
@@ -189,6 +197,11 @@ class Connection:
         self._alias_out: dict[str, int] | None = None
         self._alias_in: dict[int, str] | None = None
         self.inbound_unacked = 0  # QoS 1/2 publishes received and not yet fully acknowledged
+        # Bytes of this client's journal records not yet durable (see end_turn), and those of
+        # the records of the current turn with the last one's seq (set by the broker).
+        self.journal_bytes = 0
+        self.turn_bytes = 0
+        self.turn_seq = 0
         # Tenancy: set at CONNECT by the broker (broker_edge.tenancy).
         self.token: str | None = None
         self.acl: Acl = ALLOW_ALL
@@ -263,6 +276,26 @@ class Connection:
 
     def _rate_resume(self) -> None:
         self.resume(PAUSED_BY_RATE)
+
+    def end_turn(self) -> None:
+        """Charge this turn's journal records to this client until they are durable; while
+        they are over ``max_journal_backlog_bytes_per_client`` its reads stop. The journal's
+        own bound counts records, not bytes: without this, one client's big publishes (3,000
+        of 60 KB) waited for their commit as hundreds of MiB."""
+        pending = self.turn_bytes
+        if not pending:
+            return
+        self.turn_bytes = 0
+        self.journal_bytes += pending
+        self.broker.journal.after_durable(self.turn_seq, lambda: self._journaled(pending))
+        if self.journal_bytes > self.broker.settings.max_journal_backlog_bytes_per_client:
+            self.pause(PAUSED_BY_BACKLOG)
+
+    def _journaled(self, size: int) -> None:
+        self.journal_bytes -= size
+        limit = self.broker.settings.max_journal_backlog_bytes_per_client
+        if self.journal_bytes <= limit // 2 and self.state is not _CLOSED:
+            self.resume(PAUSED_BY_BACKLOG)
 
     # -- output ------------------------------------------------------------------------------
 
@@ -611,6 +644,7 @@ class Connection:
         ids = packet.properties.subscription_identifiers
         assert self.session is not None
         held = set(self.session.subscriptions)
+        capped = False  # a filter refused for max_subscriptions_per_client
         for sub in packet.subscriptions:
             try:
                 group, topic_filter = parse_subscription_filter(sub.topic_filter)
@@ -619,6 +653,7 @@ class Connection:
                 continue
             refusal = self._over_limits(sub.topic_filter, topic_filter, held)
             if refusal is not None:
+                capped = capped or refusal == ReasonCode.QUOTA_EXCEEDED
                 codes.append(refusal if v5 else SUBACK_FAILURE_311)
                 continue
             if group is not None and sub.no_local:
@@ -639,6 +674,17 @@ class Connection:
         # SUBACK before the retained messages the subscriptions bring [MQTT-3.8.4-1].
         self.send(Suback(packet_id=packet.packet_id, reason_codes=tuple(codes)))
         self.broker.subscribe(self, accepted, ids[0] if ids else None)
+        if capped:
+            # One event per SUBSCRIBE, not per filter refused: the log costs the journal too.
+            self.broker.tenancy.log(
+                self.tenant,
+                "limit_exceeded",
+                self.client_id,
+                {
+                    "limit": "max_subscriptions_per_client",
+                    "value": self.broker.settings.max_subscriptions_per_client,
+                },
+            )
         self.broker.tenancy.log(
             self.tenant,
             "subscribe",
@@ -657,16 +703,6 @@ class Connection:
             return ReasonCode.TOPIC_FILTER_INVALID
         if full not in held and len(held) >= settings.max_subscriptions_per_client:
             # Each filter costs every publish in the namespace a walk of its levels.
-            self.broker.tenancy.log(
-                self.tenant,
-                "limit_exceeded",
-                self.client_id,
-                {
-                    "limit": "max_subscriptions_per_client",
-                    "value": settings.max_subscriptions_per_client,
-                    "topic_filter": full,
-                },
-            )
             return ReasonCode.QUOTA_EXCEEDED
         return None
 

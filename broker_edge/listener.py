@@ -114,6 +114,7 @@ class MqttProtocol(asyncio.Protocol):
             conn.protocol_failure(
                 ProtocolError(repr(exc), ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
             )
+        conn.end_turn()
         self._broker.flush_dirty()
         if more:
             conn.pause(PAUSED_BY_ROUTING)

@@ -53,6 +53,9 @@ class EdgeSettings:
     topic_alias_maximum: int = 64
     # Publishers are paused (reads stop) while this many journal records await their commit.
     max_journal_backlog: int = 200_000
+    # ... and one client's reads are paused while its own records awaiting the journal hold
+    # more than this many bytes (topics, payloads and per-record overhead).
+    max_journal_backlog_bytes_per_client: int = 4 * 2**20
     # A read whose publishes fan out to more deliveries than this is handled in turns: what is
     # routed so far is written and other connections are served before the rest (reading from
     # that publisher is paused meanwhile), so a burst to many subscribers keeps flowing.
@@ -118,6 +121,7 @@ class EdgeSettings:
             "max_inflight_messages",
             "write_buffer_high_water",
             "max_journal_backlog",
+            "max_journal_backlog_bytes_per_client",
             "max_deliveries_per_turn",
             "max_topic_levels",
             "max_subscriptions_per_client",

@@ -96,3 +96,18 @@ def test_the_match_cache_is_bounded_by_bytes() -> None:
     assert trie.cache_bytes <= DEFAULT_CACHE_BYTES
     assert trie.match("short") == [("c", 0)]  # short topics are cached as before
     assert trie.cache_bytes > 0
+
+
+def test_a_client_is_paused_while_its_records_awaiting_the_journal_hold_too_many_bytes() -> None:
+    broker = _broker(max_journal_backlog_bytes_per_client=100_000)
+    peer = connected(broker, "big", V5)
+    paused: list[bool] = []
+    peer.conn.pause_reading = lambda: paused.append(True)
+    peer.conn.resume_reading = lambda: paused.append(False)
+    read = b"".join(encode(Publish(topic="t", payload=b"x" * 30_000), V5) for _ in range(4))
+    peer.conn.receive(read, 0.0)
+    peer.conn.end_turn()  # what the listener does after each turn
+    assert paused == [True]  # 4 x 30 KB wait for the journal: over 100,000 bytes
+    broker.journal.make_durable()  # type: ignore[attr-defined]
+    assert paused == [True, False]
+    assert peer.conn.journal_bytes == 0
