@@ -181,9 +181,10 @@ def _stats(rtts: list[float]) -> dict[str, float | int]:
     }
 
 
-def run_scenario(name: str, seconds: float) -> dict[str, Any]:
+def run_scenario(name: str, seconds: float, config: str | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-abuse-") as data_dir:
-        edge = start_edgebus(data_dir, node_id="abuse")
+        extra = ["--config", config] if config else []
+        edge = start_edgebus(data_dir, node_id="abuse", extra_args=extra)
         try:
             victim = Victim(edge.port)
             victim.start()
@@ -226,9 +227,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.abuse", description=__doc__)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--config", help="an edge settings file (default: shipped defaults)")
     args = parser.parse_args(argv)
     started = datetime.now(UTC)
-    results = [run_scenario(name, args.seconds) for name in args.scenarios.split(",")]
+    names = args.scenarios.split(",")
+    results = [run_scenario(name, args.seconds, args.config) for name in names]
     print(
         f"{'scenario':<12} {'rss +peak':>10} {'rss +after':>11} "
         f"{'victim p50/p99/max alone (ms)':>30} {'under attack (ms)':>24}"
@@ -243,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         "timestamp": started.isoformat(),
         "timestamp_compact": started.strftime("%Y%m%dT%H%M%SZ"),
         "seconds": args.seconds,
+        "config": args.config,
         "results": results,
     }
     out = write_report(report, RESULTS, "abuse")

@@ -9,6 +9,7 @@ from test_connection import FakeJournal, Peer, connected
 from broker_edge.broker import Broker
 from broker_edge.codec import encode
 from broker_edge.connection import VALID_TOPIC_CACHE_CHARS
+from broker_edge.errors import ConfigError
 from broker_edge.packets import (
     Disconnect,
     ProtocolVersion,
@@ -111,3 +112,18 @@ def test_a_client_is_paused_while_its_records_awaiting_the_journal_hold_too_many
     broker.journal.make_durable()  # type: ignore[attr-defined]
     assert paused == [True, False]
     assert peer.conn.journal_bytes == 0
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("max_topic_levels", 0),
+        ("max_subscriptions_per_client", 0),
+        ("max_journal_backlog_bytes_per_client", 0),
+        ("max_turn_seconds", 0.0),
+        ("max_turn_seconds", float("nan")),
+    ],
+)
+def test_bad_limits_are_refused_naming_the_key(key: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=rf"^edge\.{key}: "):
+        EdgeSettings(**{key: value})  # type: ignore[arg-type]
