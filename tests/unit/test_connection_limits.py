@@ -4,7 +4,7 @@ session, and the caches of topic names, bounded by bytes. Sans-IO, with a fake c
 from __future__ import annotations
 
 import pytest
-from test_connection import FakeJournal, Peer, connected
+from test_connection import FakeJournal, connected
 
 from broker_edge.broker import Broker
 from broker_edge.codec import encode
