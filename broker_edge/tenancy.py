@@ -30,6 +30,7 @@ from broker_edge.plim import (
     quota_event,
 )
 from broker_edge.tenants import ALLOW_ALL, OPERATOR_TENANT, Limits, TenantsConfig
+from schemas import topics
 from schemas.journal import DEFAULT_TENANT
 from schemas.usage import GAUGE_METRICS
 
@@ -39,7 +40,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-EDGE_CLIENT_ID = "$edge"  # client id of the edge's own publishes (logs, counters, quota)
+# The client id of the edge's own publishes (logs, counters, quota): see schemas.topics.
+EDGE_CLIENT_ID = topics.EDGE_CLIENT_ID
 
 
 class Tenancy:
@@ -207,7 +209,7 @@ class Tenancy:
         else:
             self.blocked.discard(tenant)
         self.broker.internal_publish(
-            tenant, f"$quota/{decision.metric}", decision.payload(), retain=True
+            tenant, topics.quota_topic(decision.metric), decision.payload(), retain=True
         )
         event = quota_event(previous.state if previous else None, decision.state)
         if event is not None:
