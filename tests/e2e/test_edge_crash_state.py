@@ -107,6 +107,9 @@ def test_a_session_confirmed_just_before_a_sigkill_survives_it(tmp_path: Path) -
     edge, port = _edge(data_dir)
     try:
         inbox: queue.Queue[mqtt.MQTTMessage] = queue.Queue()
+        opened = _client(port, "quick-open", queue.Queue())  # a CONNACK, nothing else
+        opened.disconnect()
+        opened.loop_stop()
         _subscribe_and_leave(port, "quick-sub", inbox)  # SUBACK, DISCONNECT
         pub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="quick-pub")
         pub.connect("127.0.0.1", port)
@@ -124,6 +127,10 @@ def test_a_session_confirmed_just_before_a_sigkill_survives_it(tmp_path: Path) -
 
     edge, port = _edge(data_dir)
     try:
+        back = _client(port, "quick-open", queue.Queue())
+        assert back.session_present  # type: ignore[attr-defined]
+        back.disconnect()
+        back.loop_stop()
         again = _client(port, "quick-sub", inbox)
         assert again.session_present  # type: ignore[attr-defined]
         assert inbox.get(timeout=10).payload == b"acked"
