@@ -139,3 +139,38 @@ def test_a_session_confirmed_just_before_a_sigkill_survives_it(tmp_path: Path) -
     finally:
         edge.send_signal(signal.SIGTERM)
         edge.wait(10)
+
+
+def test_after_a_sigkill_a_session_gets_what_came_after_its_subscription_only(
+    tmp_path: Path,
+) -> None:
+    """The session log is applied in journal order: a QoS 1 message acknowledged before the
+    SUBACK is not queued for the subscription after the crash, one after it is."""
+    data_dir = tmp_path / "data"
+    edge, port = _edge(data_dir)
+    try:
+        pub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="order-pub")
+        pub.connect("127.0.0.1", port)
+        pub.loop_start()
+        pub.publish("fleet/v1/pos", b"before", qos=1).wait_for_publish(10)
+        inbox: queue.Queue[mqtt.MQTTMessage] = queue.Queue()
+        _subscribe_and_leave(port, "order-sub", inbox)
+        info = pub.publish("fleet/v1/pos", b"after", qos=1)
+        info.wait_for_publish(10)
+        assert info.is_published()
+        pub.disconnect()
+        pub.loop_stop()
+    finally:
+        edge.send_signal(signal.SIGKILL)
+        edge.wait(10)
+
+    edge, port = _edge(data_dir)
+    try:
+        again = _client(port, "order-sub", inbox)
+        assert inbox.get(timeout=10).payload == b"after"
+        assert inbox.empty()
+        again.disconnect()
+        again.loop_stop()
+    finally:
+        edge.send_signal(signal.SIGTERM)
+        edge.wait(10)
