@@ -128,6 +128,7 @@ class Tenancy:
                 continue
             grant = config.grant(conn.token)
             if grant is None or grant.tenant != conn.tenant:
+                conn.will = None  # nobody vouches for it any more
                 conn.close(ReasonCode.NOT_AUTHORIZED, reason_string="token revoked")
                 continue
             conn.acl, conn.operator = grant.acl, grant.operator
@@ -135,6 +136,8 @@ class Tenancy:
             conn.max_payload = limits.max_payload_bytes or 0
             conn.rate = float(limits.messages_per_second or 0)
             conn.decoder.max_packet_size = conn.packet_limit()
+            if conn.will is not None and self.refuse_publish(conn, conn.will, action="will"):
+                conn.will = None  # the new rules forbid it: checked like at CONNECT
         self.broker.flush_dirty()
 
     # -- publish checks --------------------------------------------------------------------

@@ -158,6 +158,18 @@ def test_a_refused_will_is_never_published_and_an_allowed_one_is(tenant_edge: An
         watcher.close()
 
 
+def test_a_will_the_reloaded_rules_forbid_is_dropped(tenant_edge: Any, tenants_file: Path) -> None:
+    broker = tenant_edge.node.broker
+    with socket.create_connection(("127.0.0.1", tenant_edge.port), timeout=TIMEOUT) as sock:
+        sock.sendall(_will_connect(5, "fleet/v1/telemetry", "acme-ro", b"reloaded"))
+        assert _read_packet(sock)[3] == 0
+        key = ("acme", "reloaded")
+        assert tenant_edge.call(lambda: broker.connections[key].will is not None)
+        tenants_file.write_text(TENANTS.replace('publish = ["fleet/+/telemetry"]', "publish = []"))
+        tenant_edge.call(tenant_edge.node.reload_tenants)
+        assert tenant_edge.call(lambda: broker.connections[key].will is None)
+
+
 # -- $SYS and the reserved tenant name --------------------------------------------------------
 
 
