@@ -21,6 +21,9 @@ Scenarios (the holes the outside probe found):
 - ``overlap``: 8,192 distinct filters that all match one 13-level topic (the edge accepts what
   its per-client cap allows), then QoS 0 publishes to that topic as fast as the socket takes.
 - ``flood``: QoS 0 publishes to a topic nobody reads, as fast as the socket takes.
+- ``no_reader``: subscribes to its own topic, never reads, and publishes 64 KiB QoS 0 messages
+  to it as fast as the socket takes (what waits for it: the transport's buffer up to
+  ``write_buffer_high_water``, then its session queue up to ``max_queued_bytes``).
 
 Results: bench/results/{timestamp}-abuse.json and a table on stdout.
 """
@@ -141,23 +144,39 @@ def _overlap(port: int, seconds: float) -> None:
     _flood(sock, "/".join(f"l{i}" for i in range(levels)), seconds)
 
 
+def _no_reader(port: int, seconds: float) -> None:
+    sock = _connect(port, "no-reader")
+    sock.sendall(wire.subscribe(1, [("self/#", 0)]))
+    _send_flat_out(sock, wire.publish("self/x", b"x" * 65536), seconds)
+    time.sleep(0.5)  # still connected and not reading while the RSS is sampled
+    sock.close()
+
+
 def _flood_only(port: int, seconds: float) -> None:
     _flood(_connect(port, "flood"), "nobody/reads/this", seconds)
 
 
 def _flood(sock: socket.socket, topic: str, seconds: float) -> None:
-    batch = wire.publish(topic, b"x" * 16) * 256
+    _send_flat_out(sock, wire.publish(topic, b"x" * 16) * 256, seconds)
+    sock.close()
+
+
+def _send_flat_out(sock: socket.socket, data: bytes, seconds: float) -> None:
+    """Send ``data`` again and again for ``seconds``, as fast as the socket takes it (whole
+    packets only: a partial send is completed before the next)."""
     deadline = time.monotonic() + seconds
     sock.setblocking(False)
+    pending = memoryview(data)
     try:
         while time.monotonic() < deadline:
             try:
-                sock.send(batch)
+                pending = pending[sock.send(pending) :]
             except BlockingIOError:
                 time.sleep(0.001)
+            if not pending:
+                pending = memoryview(data)
     except OSError:
-        pass
-    sock.close()
+        pass  # the edge closed the connection
 
 
 SCENARIOS: dict[str, Callable[[int, float], None]] = {
@@ -166,6 +185,7 @@ SCENARIOS: dict[str, Callable[[int, float], None]] = {
     "long_topics": _long_topics,
     "overlap": _overlap,
     "flood": _flood_only,
+    "no_reader": _no_reader,
 }
 
 

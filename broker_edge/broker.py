@@ -885,6 +885,7 @@ class Broker:
     def restore(self, sessions: Iterable[Session], retained: Iterable[Message]) -> None:
         """Install sessions and retained messages read from a snapshot (before serving)."""
         for session in sessions:
+            session.max_queued_bytes = self.settings.max_queued_bytes  # not in the snapshot
             self._add_session(session)
             for full, sub in session.subscriptions.items():
                 self._install_subscription(session, full, sub)

@@ -46,7 +46,9 @@ class EdgeSettings:
     counter_interval: float = 2.0
     # Per-session delivery bounds (slow subscribers never grow memory without bound).
     max_queued_messages: int = 1_000
-    max_queued_bytes: int = 16 * 2**20
+    # 4 MiB, not 16: a client that subscribes to its own big messages and never reads holds
+    # this much in its queue, beyond its socket buffer (bench/abuse.py no_reader, issue 10).
+    max_queued_bytes: int = 4 * 2**20
     max_inflight_messages: int = 100
     write_buffer_high_water: int = 1 * 2**20
     # MQTT 5: topic aliases a client may use towards this edge (0 = none) [MQTT-3.2.2.3.8].
