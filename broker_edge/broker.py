@@ -19,11 +19,12 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from broker_edge.codec import encode_publish
-from broker_edge.connection import PAUSED_BY_JOURNAL, Connection, ConnState
+from broker_edge.connection import PAUSED_BY_JOURNAL, RECORD_OVERHEAD, Connection, ConnState
 from broker_edge.errors import ProtocolError
+from broker_edge.logtext import printable, truncated
 from broker_edge.message import Message
 from broker_edge.packets import (
     NO_PROPERTIES,
@@ -36,12 +37,15 @@ from broker_edge.packets import (
     Pubrec,
     Pubrel,
     QoS,
+    ReasonCode,
     RetainHandling,
     Subscription,
 )
 from broker_edge.retained import RetainedStore
 from broker_edge.session import Outbound, OutState, Pending, Session
+from broker_edge.sessionlog import SessionLog, SessionLogError
 from broker_edge.settings import EdgeSettings
+from broker_edge.store import subscription_doc, subscription_from
 from broker_edge.tenancy import EDGE_CLIENT_ID, Tenancy
 from broker_edge.tenants import OPERATOR_TENANT, TenantsConfig
 from broker_edge.topics import parse_subscription_filter
@@ -163,6 +167,7 @@ class Broker:
         self.stats = Stats()
         self.tenancy = Tenancy(self, tenants)
         self.valid_topics: set[str] = set()
+        self.valid_topic_chars = 0  # characters in valid_topics (see connection.py)
         # Set when a persistent session's shape changes (created, subscribed, dropped): the node
         # then snapshots soon, so a crash cannot forget a subscription for long.
         self.state_changed = False
@@ -172,6 +177,15 @@ class Broker:
         self.paused_readers: set[Connection] = set()
         # Connections that have not completed CONNECT yet (closed after connect_timeout).
         self.awaiting_connect: set[Connection] = set()
+        # Sessions per tenant, persistent offline ones included (the tenant's sessions limit).
+        self.session_counts: dict[str, int] = {}
+        # Set by the node: changes to persistent sessions are appended here, and the output of
+        # the connections that made them is held until ``sync_sessions`` made them durable.
+        self.session_log: SessionLog | None = None
+        self.held: set[Connection] = set()
+        self.appended_seq: Callable[[], int] = lambda: 0  # the journal's last appended seq
+        self.request_session_sync: Callable[[], None] = _noop  # runs sync_sessions soon
+        self._session_sync_requested = False
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -182,13 +196,100 @@ class Broker:
         return ns
 
     def flush_dirty(self) -> None:
-        """Write every connection's pending output: one transport write per connection."""
+        """Write every connection's pending output: one transport write per connection.
+        A connection whose session change is not durable yet waits (see sync_sessions)."""
         while self.dirty:
             dirty = self.dirty
             self.dirty = set()
+            held = self.held
             for conn in dirty:
+                if held and conn in held:
+                    continue  # its CONNACK/SUBACK waits for the session log
                 self.stats.packets_out += len(conn.out)  # one emit() per packet
                 conn.flush()
+
+    # -- the session log (see broker_edge.sessionlog) ------------------------------------------
+
+    def _log_session_change(
+        self, session: Session, op: str, conn: Connection | None, **fields: Any
+    ) -> None:
+        """Append a change of a persistent session; ``conn``'s output is held until it is
+        durable, so its CONNACK or SUBACK never promises what a crash could take back."""
+        session_log = self.session_log
+        if session_log is None:
+            return
+        record = {"op": op, "seq": self.appended_seq(), "t": session.tenant, "c": session.client_id}
+        record.update(fields)
+        session_log.append(record)
+        if conn is not None:
+            self.held.add(conn)
+        if not self._session_sync_requested:
+            self._session_sync_requested = True
+            self.request_session_sync()
+
+    def log_session(self, session: Session, conn: Connection | None) -> None:
+        """Record the session as it is now: opened with its expiry, or dropped (expiry 0)."""
+        if session.clean:
+            self._log_session_change(session, "drop", conn)
+        else:
+            self._log_session_change(session, "open", conn, x=session.expiry_interval)
+
+    def sync_sessions(self) -> None:
+        """Make the logged session changes durable, then release the held connections."""
+        self._session_sync_requested = False
+        held, self.held = self.held, set()
+        try:
+            if self.session_log is not None:
+                self.session_log.sync()
+        except SessionLogError:
+            # Nothing held may be confirmed: close those connections without their answer.
+            log.exception("session changes not durable: closing the clients that made them")
+            for conn in held:
+                conn.out.clear()
+                conn.close(None, send_disconnect=False)
+        for conn in held:
+            if conn.out or conn.closing:
+                self.dirty.add(conn)
+        self.flush_dirty()
+
+    def apply_session_record(self, record: dict[str, Any], now: float) -> None:
+        """Re-apply one session log record at restore (before serving; never logged again)."""
+        key = (record["t"], record["c"])
+        session = self.sessions.get(key)
+        op = record["op"]
+        if op == "drop":
+            if session is not None:
+                self._drop_session(session)
+            return
+        if session is None:
+            session = Session(
+                client_id=key[1],
+                tenant=key[0],
+                clean=False,
+                max_queued=self.settings.max_queued_messages,
+                max_inflight=self.settings.max_inflight_messages,
+                max_queued_bytes=self.settings.max_queued_bytes,
+                disconnected_at=now,
+            )
+            self._add_session(session)
+        if op == "open":
+            session.expiry_interval = int(record["x"])
+        elif op == "sub":
+            sub = subscription_from(record["sub"])
+            session.subscriptions[sub.topic_filter] = sub
+            if record.get("id") is not None:
+                session.subscription_ids[sub.topic_filter] = int(record["id"])
+            self._install_subscription(session, sub.topic_filter, sub)
+        elif op == "unsub":
+            full = record["f"]
+            session.subscription_ids.pop(full, None)
+            if session.subscriptions.pop(full, None) is not None:
+                self._remove_subscription(self.namespace(session.tenant), key[1], full)
+
+    def _add_session(self, session: Session) -> None:
+        self.sessions[(session.tenant, session.client_id)] = session
+        counts = self.session_counts
+        counts[session.tenant] = counts.get(session.tenant, 0) + 1
 
     # -- connect / disconnect --------------------------------------------------------------------
 
@@ -210,7 +311,7 @@ class Broker:
         previous = self.connections.get(key)
         if previous is not None and previous is not conn:
             # Client takeover [MQTT-3.1.4-3]: the older connection is closed.
-            log.info("client %s taken over from %s", conn.client_id, previous.peer)
+            log.info("client %s taken over from %s", printable(conn.client_id), previous.peer)
             self.tenancy.log(
                 conn.tenant,
                 "session_taken_over",
@@ -229,6 +330,7 @@ class Broker:
         if session is not None and packet.clean_start:
             self._drop_session(session)
             session = None
+        was_persistent = session is not None and not session.clean
         if session is None:
             session = Session(
                 client_id=conn.client_id,
@@ -238,14 +340,15 @@ class Broker:
                 max_inflight=self.settings.max_inflight_messages,
                 max_queued_bytes=self.settings.max_queued_bytes,
             )
-            self.sessions[key] = session
+            self._add_session(session)
         # Never more unacknowledged deliveries than the client's receive maximum
         # [MQTT-3.3.4-7].
         session.max_inflight = min(self.settings.max_inflight_messages, conn.receive_maximum_out)
         session.expiry_interval = expiry
         session.clean = expiry == 0
-        if not session.clean:
+        if not session.clean or was_persistent:
             self.state_changed = True
+            self.log_session(session, conn)  # its CONNACK waits until this is durable
         session.connection = conn
         session.disconnected_at = None
         self.connections[key] = conn
@@ -284,6 +387,25 @@ class Broker:
                 if data is not None:
                     conn.emit(data)
         self._drain_queue(session)
+
+    def set_session_expiry(self, conn: Connection, expiry: int) -> None:
+        """A DISCONNECT's session expiry interval replaces the one of the CONNECT
+        [MQTT-3.14.2.2.2]; raises ProtocolError if the CONNECT's was 0 and this one is not."""
+        session = conn.session
+        assert session is not None
+        if expiry and not session.expiry_interval:
+            raise ProtocolError(
+                "DISCONNECT sets a session expiry after a CONNECT with 0 [MQTT-3.14.2-2]",
+                ReasonCode.PROTOCOL_ERROR,
+            )
+        if expiry == session.expiry_interval:
+            return
+        was_persistent = not session.clean
+        session.expiry_interval = expiry
+        session.clean = expiry == 0
+        if was_persistent:
+            self.state_changed = True  # a new expiry, or no longer persistent
+            self.log_session(session, conn)
 
     def connection_lost(self, conn: Connection, now: float) -> None:
         session = conn.session
@@ -333,6 +455,7 @@ class Broker:
     def _drop_session(self, session: Session) -> None:
         if not session.clean:
             self.state_changed = True
+            self._log_session_change(session, "drop", None)
         ns = self.namespace(session.tenant)
         for topic_filter in session.subscriptions:
             self._remove_subscription(ns, session.client_id, topic_filter)
@@ -343,6 +466,7 @@ class Broker:
         key = (session.tenant, session.client_id)
         if self.sessions.get(key) is session:
             del self.sessions[key]
+            self.session_counts[session.tenant] -= 1
         pending = self.pending_wills.pop(key, None)
         if pending is not None:
             self._publish_will(session.tenant, session.client_id, pending[1])
@@ -351,7 +475,7 @@ class Broker:
         try:
             self._accept(tenant, client_id, will, publisher=None)
         except ProtocolError as exc:
-            log.warning("will of %s not published: %s", client_id, exc)
+            log.warning("will of %s not published: %s", printable(client_id), printable(str(exc)))
 
     # -- publish ---------------------------------------------------------------------------------
 
@@ -364,7 +488,10 @@ class Broker:
         usage = conn.usage
         usage.messages_in += 1
         usage.bytes_in += size
-        return self._accept(conn.tenant, conn.client_id, packet, conn)
+        seq = self._accept(conn.tenant, conn.client_id, packet, conn)
+        conn.turn_bytes += size + len(packet.topic) + RECORD_OVERHEAD  # see Connection.end_turn
+        conn.turn_seq = seq
+        return seq
 
     def _accept(
         self, tenant: str, client_id: str, packet: Publish, publisher: Connection | None
@@ -518,7 +645,7 @@ class Broker:
             log.warning(
                 "queue of %s/%s full (%d messages / %d bytes): dropped %d message(s) so far",
                 session.tenant,
-                session.client_id,
+                printable(session.client_id),
                 session.max_queued,
                 session.max_queued_bytes,
                 session.dropped,
@@ -623,7 +750,7 @@ class Broker:
             log.info(
                 "%d-byte PUBLISH over %s's maximum packet size %d: not sent",
                 len(data),
-                conn.client_id,
+                printable(conn.client_id),
                 conn.max_packet_out,
             )
             self.stats.dropped += 1
@@ -691,6 +818,10 @@ class Broker:
                 session.subscription_ids[full] = subscription_id
             else:
                 session.subscription_ids.pop(full, None)
+            if not session.clean:  # its SUBACK waits until this is durable
+                self._log_session_change(
+                    session, "sub", conn, sub=subscription_doc(full, sub), id=subscription_id
+                )
             if group is not None:
                 shared = ns.shared.get((group, topic_filter))
                 if shared is None:
@@ -726,6 +857,8 @@ class Broker:
             session.subscription_ids.pop(topic_filter, None)
             if had:
                 self._remove_subscription(ns, conn.client_id, topic_filter)
+                if not session.clean:
+                    self._log_session_change(session, "unsub", conn, f=topic_filter)
             found.append(had)
         return found
 
@@ -752,21 +885,26 @@ class Broker:
     def restore(self, sessions: Iterable[Session], retained: Iterable[Message]) -> None:
         """Install sessions and retained messages read from a snapshot (before serving)."""
         for session in sessions:
-            self.sessions[(session.tenant, session.client_id)] = session
-            ns = self.namespace(session.tenant)
+            session.max_queued_bytes = self.settings.max_queued_bytes  # not in the snapshot
+            self._add_session(session)
             for full, sub in session.subscriptions.items():
-                group, topic_filter = parse_subscription_filter(full)
-                if group is None:
-                    ns.subscriptions.add(topic_filter, session.client_id, sub)
-                    continue
-                shared = ns.shared.get((group, topic_filter))
-                if shared is None:
-                    shared = ns.shared[(group, topic_filter)] = SharedGroup()
-                    ns.subscriptions.add(topic_filter, ("$share", group), shared)
-                shared.members[session.client_id] = sub
+                self._install_subscription(session, full, sub)
         for message in retained:
             self.namespace(message.tenant).retained.set(message)
             self.tenancy.control_message(message.tenant, message.topic, message.payload)
+
+    def _install_subscription(self, session: Session, full: str, sub: Subscription) -> None:
+        """Put a restored subscription into its namespace's trie (no retained messages)."""
+        ns = self.namespace(session.tenant)
+        group, topic_filter = parse_subscription_filter(full)
+        if group is None:
+            ns.subscriptions.add(topic_filter, session.client_id, sub)
+            return
+        shared = ns.shared.get((group, topic_filter))
+        if shared is None:
+            shared = ns.shared[(group, topic_filter)] = SharedGroup()
+            ns.subscriptions.add(topic_filter, ("$share", group), shared)
+        shared.members[session.client_id] = sub
 
     def replay(self, message: Message) -> None:
         """Re-apply a journal record written after the snapshot: retain it, queue it for the
@@ -809,7 +947,7 @@ class Broker:
                 conn.close(None)
         for conn in list(self.connections.values()):
             if conn.keepalive and now - conn.last_rx > 1.5 * conn.keepalive:
-                log.info("keepalive timeout: %s (%s)", conn.client_id, conn.peer)
+                log.info("keepalive timeout: %s (%s)", printable(conn.client_id), conn.peer)
                 conn.close(0x8D)
         self.flush_dirty()
 
@@ -827,12 +965,14 @@ class Broker:
 
     def publish_system(self, topic: str, payload: bytes) -> None:
         """Retain and route one broker-made ``$SYS`` message (QoS 0) without the journal: it is
-        derived state, regenerated every interval (see ``broker_edge.sysstats``). Default
-        tenant's namespace until tenants decide who sees node statistics."""
-        ns = self.namespace(DEFAULT_TENANT)
-        message = Message(
-            DEFAULT_TENANT, topic, payload, QoS.AT_MOST_ONCE, True, "", self.wall_clock_us()
-        )
+        derived state, regenerated every interval (see ``broker_edge.sysstats``).
+
+        Node statistics cover every tenant, so no tenant sees them: with a tenants file they
+        live in the operator's namespace; without one, in the anonymous tenant's (the only one,
+        as on any single-tenant broker). A tenants file cannot name a tenant ``default``."""
+        owner = OPERATOR_TENANT if self.tenancy.config is not None else DEFAULT_TENANT
+        ns = self.namespace(owner)
+        message = Message(owner, topic, payload, QoS.AT_MOST_ONCE, True, "", self.wall_clock_us())
         ns.retained.set(message)
         matches = ns.subscriptions.match(topic)
         if matches:
@@ -841,15 +981,16 @@ class Broker:
     def log_malformed(self, conn: Connection, exc: ProtocolError) -> None:
         log.warning(
             "closing %s (%s): %s (reason 0x%02X)",
-            conn.client_id or "-",
+            printable(conn.client_id) or "-",
             conn.peer,
-            exc,
+            printable(str(exc)),
             int(exc.reason_code),
         )
         self.tenancy.log(
             conn.tenant or OPERATOR_TENANT,
             "malformed_packet",
-            conn.client_id,
+            # Before CONNECT completes nobody vouches for the client id: cap what it costs.
+            conn.client_id if conn.tenant else truncated(conn.client_id),
             {"peer": conn.peer, "reason_code": int(exc.reason_code), "error": str(exc)[:200]},
         )
 
@@ -858,3 +999,7 @@ class Broker:
             if conn.state is ConnState.CONNECTED:
                 conn.close(reason)
         self.flush_dirty()
+
+
+def _noop() -> None:
+    pass

@@ -53,6 +53,7 @@ from broker_edge.packets import (
     Subscription,
     Unsuback,
     Unsubscribe,
+    Will,
 )
 from broker_edge.plim import TenantUsage
 from broker_edge.tenants import ALLOW_ALL, Acl
@@ -65,8 +66,15 @@ if TYPE_CHECKING:
 _client_numbers = itertools.count(1)
 
 # Topic names already validated, shared by every connection of a broker (bounded: cleared when
-# full). Devices publish to the same few topics over and over.
+# full, by count and by characters, so long distinct topics cannot pile up in it). Devices
+# publish to the same few topics over and over.
 VALID_TOPIC_CACHE = 16_384
+VALID_TOPIC_CACHE_CHARS = 2**20
+
+# What a PUBLISH may carry besides its payload (topic name, packet id, properties): with a
+# tenant's max_payload_bytes, a packet declaring more than payload + this is refused from its
+# fixed header, before its body is buffered.
+PUBLISH_HEADROOM = 128 * 1024
 
 CONNECT_MAX = 2**20
 
@@ -76,6 +84,11 @@ CONNECT_MAX = 2**20
 PAUSED_BY_RATE = 1  # over its tenant's message rate (tenancy.take_token)
 PAUSED_BY_JOURNAL = 2  # the journal's backlog is over max_journal_backlog
 PAUSED_BY_ROUTING = 4  # packets of an earlier read still to handle (see receive)
+PAUSED_BY_BACKLOG = 8  # its own records awaiting the journal are over the per-client bound
+
+# What a journal record costs while it waits for its commit, beyond its topic and payload (the
+# writer's buffered Python values), for the per-client bound on that backlog.
+RECORD_OVERHEAD = 256
 
 
 class ConnState(Enum):
@@ -118,12 +131,14 @@ class Connection:
         "call_later",
         "clean_disconnect",
         "client_id",
+        "clock",
         "close_reason",
         "close_transport",
         "closing",
         "connected_at",
         "decoder",
         "inbound_unacked",
+        "journal_bytes",
         "keepalive",
         "last_rx",
         "max_packet_out",
@@ -140,6 +155,8 @@ class Connection:
         "state",
         "tenant",
         "token",
+        "turn_bytes",
+        "turn_seq",
         "usage",
         "version",
         "will",
@@ -180,6 +197,11 @@ class Connection:
         self._alias_out: dict[str, int] | None = None
         self._alias_in: dict[int, str] | None = None
         self.inbound_unacked = 0  # QoS 1/2 publishes received and not yet fully acknowledged
+        # Bytes of this client's journal records not yet durable (see end_turn), and those of
+        # the records of the current turn with the last one's seq (set by the broker).
+        self.journal_bytes = 0
+        self.turn_bytes = 0
+        self.turn_seq = 0
         # Tenancy: set at CONNECT by the broker (broker_edge.tenancy).
         self.token: str | None = None
         self.acl: Acl = ALLOW_ALL
@@ -189,8 +211,10 @@ class Connection:
         self.rate = 0.0  # messages per second allowed (token bucket); 0: unlimited
         self.bucket = 0.0
         self.bucket_at = now
-        # Set by the listener: run a callback after a delay (loop.call_later).
+        # Set by the listener: run a callback after a delay (loop.call_later), and read the
+        # loop's clock (to end a turn that ran too long; see receive).
         self.call_later: Callable[[float, Callable[[], None]], object] = _never
+        self.clock: Callable[[], float] = _no_time
         self.out: list[bytes] = []
         self.write_paused = False
         self.closing = False
@@ -203,9 +227,10 @@ class Connection:
         ProtocolError when the peer broke the protocol.
 
         Stops early, returning True, once this call has routed more than the broker's
-        ``max_deliveries_per_turn`` deliveries (a burst fanned out to many subscribers): the
-        caller writes what was routed so far and calls ``receive(b"", now)`` again for the rest,
-        so subscribers see deliveries flow instead of waiting for a whole read to be routed.
+        ``max_deliveries_per_turn`` deliveries (a burst fanned out to many subscribers), or
+        handled packets for more than ``max_turn_seconds`` by ``clock``: the caller writes what
+        was routed so far and calls ``receive(b"", now)`` again for the rest, so subscribers see
+        deliveries flow, and other clients are served, instead of waiting for a whole read.
         """
         self.last_rx = now
         decoder = self.decoder
@@ -216,6 +241,8 @@ class Connection:
         broker = self.broker
         stats = broker.stats
         turn_ends = stats.messages_out + broker.settings.max_deliveries_per_turn
+        clock = self.clock
+        deadline = now + broker.settings.max_turn_seconds
         while not self.closing:
             packet = decoder.next_packet()
             if packet is None:
@@ -230,7 +257,7 @@ class Connection:
                     ReasonCode.PROTOCOL_ERROR,
                 )
             handlers[kind](self, packet, now)
-            if stats.messages_out > turn_ends:
+            if stats.messages_out > turn_ends or clock() > deadline:
                 return True
         return False
 
@@ -249,6 +276,26 @@ class Connection:
 
     def _rate_resume(self) -> None:
         self.resume(PAUSED_BY_RATE)
+
+    def end_turn(self) -> None:
+        """Charge this turn's journal records to this client until they are durable; while
+        they are over ``max_journal_backlog_bytes_per_client`` its reads stop. The journal's
+        own bound counts records, not bytes: without this, one client's big publishes (3,000
+        of 60 KB) waited for their commit as hundreds of MiB."""
+        pending = self.turn_bytes
+        if not pending:
+            return
+        self.turn_bytes = 0
+        self.journal_bytes += pending
+        self.broker.journal.after_durable(self.turn_seq, lambda: self._journaled(pending))
+        if self.journal_bytes > self.broker.settings.max_journal_backlog_bytes_per_client:
+            self.pause(PAUSED_BY_BACKLOG)
+
+    def _journaled(self, size: int) -> None:
+        self.journal_bytes -= size
+        limit = self.broker.settings.max_journal_backlog_bytes_per_client
+        if self.journal_bytes <= limit // 2 and self.state is not _CLOSED:
+            self.resume(PAUSED_BY_BACKLOG)
 
     # -- output ------------------------------------------------------------------------------
 
@@ -270,6 +317,15 @@ class Connection:
         if self.closing and self.state is not ConnState.CLOSED:
             self.state = ConnState.CLOSED
             self.close_transport()
+
+    def packet_limit(self) -> int:
+        """The largest packet this client may send: the edge's maximum packet size, lowered
+        to what the tenant's max_payload_bytes can use. The decoder refuses a bigger one from
+        its fixed header [MQTT-3.2.2-15], so a slow body is never buffered."""
+        limit = self.broker.settings.max_packet_size
+        if self.max_payload:
+            limit = min(limit, self.max_payload + PUBLISH_HEADROOM)
+        return limit
 
     def outgoing_alias(self, topic: str) -> tuple[int, bool]:
         """(alias, already known to the client) for a topic sent to this client; alias 0 when
@@ -359,30 +415,18 @@ class Connection:
             self.send(Connack(reason_code=refusal))
             self.close(None)
             return
-        if packet.will is not None:
-            will = packet.will
-            try:
-                validate_topic_name(will.topic)  # [MQTT-3.1.3-11]
-            except InvalidTopic as exc:
-                raise ProtocolError(f"will topic: {exc}", ReasonCode.TOPIC_NAME_INVALID) from exc
-            # Will Delay is a property of the will, not of the message it becomes.
-            message_props = will.properties
-            if message_props.will_delay_interval is not None:
-                message_props = dataclasses.replace(message_props, will_delay_interval=None)
-            self.will = Publish(
-                topic=will.topic,
-                payload=will.payload,
-                qos=will.qos,
-                retain=will.retain,
-                properties=message_props,
-            )
-            self.will_delay = will.properties.will_delay_interval or 0
+        if packet.will is not None and not self._take_will(packet.will, v5):
+            return
         if v5:
             cp = packet.properties
             self.receive_maximum_out = cp.receive_maximum or 65_535
             self.max_packet_out = cp.maximum_packet_size or 0
-            self.alias_out_max = cp.topic_alias_maximum or 0
-        self.decoder.max_packet_size = self.broker.settings.max_packet_size
+            # Never more aliases than we accept ourselves: each holds a topic name (up to
+            # 64 KiB) for as long as the connection lives.
+            self.alias_out_max = min(
+                cp.topic_alias_maximum or 0, self.broker.settings.topic_alias_maximum
+            )
+        self.decoder.max_packet_size = self.packet_limit()
         session, present = self.broker.open_session(self, packet, now)
         self.session = session
         self.state = ConnState.CONNECTED
@@ -395,11 +439,47 @@ class Connection:
                 receive_maximum=settings.max_inflight_messages,
                 topic_alias_maximum=settings.topic_alias_maximum or None,
                 maximum_packet_size=(
-                    settings.max_packet_size if settings.max_packet_size < 268_435_460 else None
+                    self.decoder.max_packet_size
+                    if self.decoder.max_packet_size < 268_435_460
+                    else None
                 ),
             )
         self.send(Connack(session_present=present, reason_code=0, properties=props))
         self.broker.session_resumed(self, session)
+
+    def _take_will(self, will: Will, v5: bool) -> bool:
+        """Keep the CONNECT's will, or refuse the connection (False) if this client may not
+        publish it."""
+        try:
+            validate_topic_name(will.topic)  # [MQTT-3.1.3-11]
+        except InvalidTopic as exc:
+            raise ProtocolError(f"will topic: {exc}", ReasonCode.TOPIC_NAME_INVALID) from exc
+        if will.topic.count("/") >= self.broker.settings.max_topic_levels:
+            raise ProtocolError(
+                f"will topic of more than {self.broker.settings.max_topic_levels} levels",
+                ReasonCode.TOPIC_NAME_INVALID,
+            )
+        # Will Delay is a property of the will, not of the message it becomes.
+        message_props = will.properties
+        if message_props.will_delay_interval is not None:
+            message_props = dataclasses.replace(message_props, will_delay_interval=None)
+        will_publish = Publish(
+            topic=will.topic,
+            payload=will.payload,
+            qos=will.qos,
+            retain=will.retain,
+            properties=message_props,
+        )
+        # The will becomes a publish of this client: checked like one, now, while the CONNACK
+        # can still refuse it (ACL, "$" topics, payload limit) [MQTT-3.2.2-12].
+        refusal = self.broker.tenancy.refuse_publish(self, will_publish, action="will")
+        if refusal is not None:
+            self.send(Connack(reason_code=refusal if v5 else ConnackCode311.NOT_AUTHORIZED))
+            self.close(None)
+            return False
+        self.will = will_publish
+        self.will_delay = will.properties.will_delay_interval or 0
+        return True
 
     def _on_publish(self, packet: Publish, now: float) -> None:
         if packet.properties is not NO_PROPERTIES:
@@ -412,15 +492,9 @@ class Connection:
             if packet.properties.topic_alias is not None:
                 packet = self._resolve_alias(packet)
         topic = packet.topic
-        valid = self.broker.valid_topics
-        if topic not in valid:
-            try:
-                validate_topic_name(topic)
-            except InvalidTopic as exc:
-                raise ProtocolError(str(exc), ReasonCode.TOPIC_NAME_INVALID) from exc
-            if len(valid) >= VALID_TOPIC_CACHE:
-                valid.clear()
-            valid.add(topic)
+        broker = self.broker
+        if topic not in broker.valid_topics:
+            self._learn_topic(topic)
         qos = packet.qos
         session = self.session
         assert session is not None
@@ -429,7 +503,6 @@ class Connection:
             # [MQTT-4.3.3-10].
             self.send(Pubrec(packet_id=packet.packet_id))
             return
-        broker = self.broker
         if (
             topic[0] == "$"
             or self.acl is not ALLOW_ALL
@@ -482,6 +555,28 @@ class Connection:
         if qos == _QOS2:
             session.awaiting_rel.add(pid)
         broker.after_durable(seq, self, pid, qos)
+
+    def _learn_topic(self, topic: str) -> None:
+        """Check a topic name not seen lately and remember it as valid."""
+        broker = self.broker
+        try:
+            validate_topic_name(topic)
+        except InvalidTopic as exc:
+            raise ProtocolError(str(exc), ReasonCode.TOPIC_NAME_INVALID) from exc
+        if topic.count("/") >= broker.settings.max_topic_levels:
+            raise ProtocolError(
+                f"topic name of more than {broker.settings.max_topic_levels} levels",
+                ReasonCode.TOPIC_NAME_INVALID,
+            )
+        valid = broker.valid_topics
+        if (
+            len(valid) >= VALID_TOPIC_CACHE
+            or broker.valid_topic_chars + len(topic) > VALID_TOPIC_CACHE_CHARS
+        ):
+            valid.clear()
+            broker.valid_topic_chars = 0
+        valid.add(topic)
+        broker.valid_topic_chars += len(topic)
 
     def _resolve_alias(self, packet: Publish) -> Publish:
         """Apply an inbound topic alias [MQTT-3.3.2.3.4]."""
@@ -547,11 +642,19 @@ class Connection:
         codes: list[int] = []
         accepted: list[tuple[str | None, str, Subscription]] = []
         ids = packet.properties.subscription_identifiers
+        assert self.session is not None
+        held = set(self.session.subscriptions)
+        capped = False  # a filter refused for max_subscriptions_per_client
         for sub in packet.subscriptions:
             try:
                 group, topic_filter = parse_subscription_filter(sub.topic_filter)
             except InvalidTopic:
                 codes.append(ReasonCode.TOPIC_FILTER_INVALID if v5 else SUBACK_FAILURE_311)
+                continue
+            refusal = self._over_limits(sub.topic_filter, topic_filter, held)
+            if refusal is not None:
+                capped = capped or refusal == ReasonCode.QUOTA_EXCEEDED
+                codes.append(refusal if v5 else SUBACK_FAILURE_311)
                 continue
             if group is not None and sub.no_local:
                 # No Local on a shared subscription is a protocol error [MQTT-3.8.3-4].
@@ -567,9 +670,21 @@ class Connection:
                 continue
             codes.append(int(sub.qos))
             accepted.append((group, topic_filter, sub))
+            held.add(sub.topic_filter)
         # SUBACK before the retained messages the subscriptions bring [MQTT-3.8.4-1].
         self.send(Suback(packet_id=packet.packet_id, reason_codes=tuple(codes)))
         self.broker.subscribe(self, accepted, ids[0] if ids else None)
+        if capped:
+            # One event per SUBSCRIBE, not per filter refused: the log costs the journal too.
+            self.broker.tenancy.log(
+                self.tenant,
+                "limit_exceeded",
+                self.client_id,
+                {
+                    "limit": "max_subscriptions_per_client",
+                    "value": self.broker.settings.max_subscriptions_per_client,
+                },
+            )
         self.broker.tenancy.log(
             self.tenant,
             "subscribe",
@@ -579,6 +694,17 @@ class Connection:
                 "reason_codes": [int(c) for c in codes],
             },
         )
+
+    def _over_limits(self, full: str, topic_filter: str, held: set[str]) -> int | None:
+        """The reason code refusing a filter over the edge's limits, or None. ``held``: the
+        session's filters, those accepted earlier in this SUBSCRIBE included."""
+        settings = self.broker.settings
+        if topic_filter.count("/") >= settings.max_topic_levels:
+            return ReasonCode.TOPIC_FILTER_INVALID
+        if full not in held and len(held) >= settings.max_subscriptions_per_client:
+            # Each filter costs every publish in the namespace a walk of its levels.
+            return ReasonCode.QUOTA_EXCEEDED
+        return None
 
     def _on_unsubscribe(self, packet: Unsubscribe, now: float) -> None:
         found = self.broker.unsubscribe(self, packet.topic_filters)
@@ -596,6 +722,12 @@ class Connection:
         self.send(Pingresp())
 
     def _on_disconnect(self, packet: Disconnect, now: float) -> None:
+        expiry = packet.properties.session_expiry_interval
+        if expiry is not None and self.version == ProtocolVersion.MQTT_5:
+            # The client may change its session's expiry on the way out [MQTT-3.14.2.2.2], but
+            # not make a session persistent that it opened with 0 [MQTT-3.14.2-2]: that is a
+            # protocol error, answered with DISCONNECT 0x82, and the will is published.
+            self.broker.set_session_expiry(self, expiry)
         # A normal DISCONNECT discards the will [MQTT-3.1.2-10]; v5 0x04 keeps it.
         if packet.reason_code != ReasonCode.DISCONNECT_WITH_WILL:
             self.will = None
@@ -618,6 +750,10 @@ def _noop() -> None:
 
 def _never(delay: float, callback: Callable[[], None]) -> None:
     del delay, callback
+
+
+def _no_time() -> float:
+    return 0.0  # without a listener's clock no turn is ever too long
 
 
 _NO_USAGE = TenantUsage()  # replaced at CONNECT; nothing is counted before

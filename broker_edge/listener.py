@@ -25,6 +25,12 @@ from broker_edge.sysstats import PacketCounter
 
 log = logging.getLogger(__name__)
 
+# After the edge closes a connection (its last packet, often a DISCONNECT, written), the socket is
+# half-closed and what the client still sends is read and discarded for at most this long:
+# closing at once, with the client's late writes unread, makes the kernel reset the connection,
+# and a reset can destroy the DISCONNECT before the client reads its reason code.
+CLOSE_DRAIN_SECONDS = 1.0
+
 
 class MqttProtocol(asyncio.Protocol):
     def __init__(self, broker: Broker, loop: asyncio.AbstractEventLoop) -> None:
@@ -33,6 +39,8 @@ class MqttProtocol(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._conn: Connection | None = None
         self._packets = PacketCounter()
+        self._draining = False  # half-closed by us: reads are discarded until the close
+        self._lost = False  # the broker was told the connection is gone
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
@@ -41,10 +49,11 @@ class MqttProtocol(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         conn = Connection(self._broker, f"{peer[0]}:{peer[1]}" if peer else "?", self._loop.time())
         conn.write = self._write
-        conn.close_transport = transport.close
+        conn.close_transport = self._close
         conn.pause_reading = transport.pause_reading
         conn.resume_reading = transport.resume_reading
         conn.call_later = self._loop.call_later
+        conn.clock = self._loop.time
         high = self._broker.settings.write_buffer_high_water
         transport.set_write_buffer_limits(high=high, low=high // 4)
         self._conn = conn
@@ -57,7 +66,33 @@ class MqttProtocol(asyncio.Protocol):
         assert transport is not None
         transport.write(data)
 
+    def _close(self) -> None:
+        """Half-close, drain briefly, then close (see CLOSE_DRAIN_SECONDS). The broker is done
+        with the connection at once: its session and will do not wait for the drain."""
+        transport = self._transport
+        assert transport is not None
+        self._gone()
+        if self._draining or transport.is_closing():
+            return
+        if not transport.can_write_eof():  # TLS: no half-close
+            transport.close()
+            return
+        self._draining = True
+        transport.write_eof()  # after the buffered output: the client reads it, then EOF
+        transport.resume_reading()  # reads paused for back-pressure: drain them too
+        self._loop.call_later(CLOSE_DRAIN_SECONDS, self._drained)
+
+    def _drained(self) -> None:
+        transport = self._transport
+        assert transport is not None
+        if transport.get_write_buffer_size():
+            transport.abort()  # a client that does not read for that long gets nothing more
+        else:
+            transport.close()
+
     def data_received(self, data: bytes) -> None:
+        if self._draining:
+            return  # late writes of a client we closed: read only to avoid a reset
         stats = self._broker.stats
         stats.wire_bytes_in += len(data)
         stats.packets_in += self._packets.feed(data)
@@ -79,6 +114,7 @@ class MqttProtocol(asyncio.Protocol):
             conn.protocol_failure(
                 ProtocolError(repr(exc), ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
             )
+        conn.end_turn()
         self._broker.flush_dirty()
         if more:
             conn.pause(PAUSED_BY_ROUTING)
@@ -95,16 +131,23 @@ class MqttProtocol(asyncio.Protocol):
         return False  # close the transport
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._gone()
+
+    def _gone(self) -> None:
+        """Tell the broker once that this connection is over (will, session detach)."""
         conn = self._conn
-        if conn is None:
+        if conn is None or self._lost:
             return
+        self._lost = True
         conn.state = ConnState.CLOSED
         conn.out.clear()
-        self._broker.dirty.discard(conn)
-        self._broker.awaiting_connect.discard(conn)
-        self._broker.paused_readers.discard(conn)
-        self._broker.connection_lost(conn, self._loop.time())
-        self._broker.flush_dirty()
+        broker = self._broker
+        broker.dirty.discard(conn)
+        broker.held.discard(conn)
+        broker.awaiting_connect.discard(conn)
+        broker.paused_readers.discard(conn)
+        broker.connection_lost(conn, self._loop.time())
+        broker.flush_dirty()
 
     def pause_writing(self) -> None:
         if self._conn is not None:

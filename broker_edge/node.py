@@ -15,7 +15,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from broker_edge import store
+from broker_edge import sessionlog, store
 from broker_edge.broker import Broker
 from broker_edge.durability import GroupCommitter
 from broker_edge.errors import ConfigError
@@ -47,6 +47,7 @@ class EdgeNode:
         self._counters: asyncio.Task[None] | None = None
         self.started_at = 0.0  # event loop time
         self.broker: Broker | None = None
+        self._session_log: sessionlog.SessionLog | None = None
 
     async def __aenter__(self) -> EdgeNode:
         await self.start()
@@ -78,6 +79,16 @@ class EdgeNode:
         committer.on_commit = broker.after_commit
         self.broker = broker
         await self._restore(broker, writer.next_seq - 1)
+        # Changes to persistent sessions from now on: durable before their CONNACK/SUBACK.
+        session_log = sessionlog.SessionLog(self.state_dir, fsync=settings.journal_fsync)
+        self._session_log = broker.session_log = session_log
+        broker.appended_seq = lambda: committer.appended_seq
+
+        def request_session_sync() -> None:
+            # After this loop iteration's reads: one sync covers every change they made.
+            loop.call_soon(broker.sync_sessions)
+
+        broker.request_session_sync = request_session_sync
         committer.start()
         self._committer = committer
         self._server = await loop.create_server(
@@ -106,8 +117,12 @@ class EdgeNode:
         )
 
     @property
+    def state_dir(self) -> Path:
+        return self.settings.data_dir / "state" / self.settings.node_id
+
+    @property
     def snapshot_path(self) -> Path:
-        return self.settings.data_dir / "state" / self.settings.node_id / store.SNAPSHOT_NAME
+        return self.state_dir / store.SNAPSHOT_NAME
 
     async def _restore(self, broker: Broker, last_seq: int) -> None:
         """Snapshot, then the journal after it: persistent sessions and retained messages."""
@@ -123,24 +138,41 @@ class EdgeNode:
             ),
         )
         after = 0
+        log_since = 0
         if snapshot is not None:
             broker.restore(snapshot.sessions, snapshot.retained)
             after = min(snapshot.journal_seq, last_seq)
+            log_since = snapshot.session_log
+        now = loop.time()
+        # Session changes after the snapshot, interleaved with the journal by seq: a record
+        # made after journal record s is applied before record s + 1 is routed.
+        changes = await loop.run_in_executor(
+            None, lambda: list(sessionlog.read(self.state_dir, log_since))
+        )
+        pending = iter(changes)
+        change = next(pending, None)
         replayed = 0
         if last_seq > after:
             reader = JournalReader(settings.journal_root / settings.node_id)
             for batch in reader.read(after, last_seq):
                 for row in batch.to_pylist():
+                    while change is not None and change["seq"] < row["seq"]:
+                        broker.apply_session_record(change, now)
+                        change = next(pending, None)
                     broker.replay(_message_from_row(row))
                     replayed += 1
+        while change is not None:
+            broker.apply_session_record(change, now)
+            change = next(pending, None)
         self._snapshot_seq = last_seq
         log.info(
             "restored %d persistent session(s), %d retained message(s); replayed %d journal "
-            "record(s) after seq %d",
+            "record(s) after seq %d and %d session change(s)",
             len(broker.persistent_sessions()),
             len(broker.retained_messages()),
             replayed,
             after,
+            len(changes),
         )
 
     async def _snapshot_loop(self) -> None:
@@ -172,7 +204,11 @@ class EdgeNode:
         # $SYS values are derived and never persisted (see broker_edge.sysstats): a restart
         # must not serve the previous run's numbers.
         retained = [m for m in broker.retained_messages() if not m.topic.startswith("$SYS/")]
-        data = store.encode(seq, broker.persistent_sessions(), retained)
+        # Session changes from here on go to a new generation of the session log; the older
+        # ones are in this snapshot and deleted once it is durable.
+        session_log = self._session_log
+        generation = session_log.rotate() if session_log is not None else 0
+        data = store.encode(seq, broker.persistent_sessions(), retained, generation)
         while committer.durable_seq < seq and committer.failure is None and not committer.closed:
             await asyncio.sleep(0.005)
         if committer.durable_seq < seq:
@@ -181,6 +217,8 @@ class EdgeNode:
             None, store.write_encoded, self.snapshot_path, data
         )
         self._snapshot_seq = seq
+        if session_log is not None:
+            session_log.forget_before(generation)
 
     def reload_tenants(self) -> None:
         """SIGHUP: read the tenants file again; connections stay up (see Tenancy.reload)."""
@@ -263,6 +301,12 @@ class EdgeNode:
             log.info("journal flushed up to seq %d", self._committer.durable_seq)
             if self.broker is not None and self._committer.failure is None:
                 await self._snapshot()
+        if self._session_log is not None:
+            if self.broker is not None:
+                self.broker.sync_sessions()  # release anything still held, then stop logging
+                self.broker.session_log = None
+            self._session_log.close()
+            self._session_log = None
         if self._server is not None:
             await self._server.wait_closed()
         self._server = None

@@ -26,10 +26,17 @@ from typing import Any
 
 from broker_edge.errors import EdgeError
 from schemas.payloads import LOG_EVENTS
+from schemas.topics import (
+    CONTROL_TOPIC_PREFIX,
+    DECISION_FIELDS,
+    DECISION_STATES,
+    counter_topic,
+    log_topic,
+)
 from schemas.usage import COUNTER_METRICS, GAUGE_METRICS
 
-QUOTA_STATES = ("ok", "warn", "blocked")
-CONTROL_PREFIX = "$control/quota/"
+QUOTA_STATES = DECISION_STATES
+CONTROL_PREFIX = CONTROL_TOPIC_PREFIX
 
 
 class QuotaDecisionError(EdgeError):
@@ -62,7 +69,7 @@ def log_event(
         "event": event,
         "details": details,
     }
-    return f"$log/{origin}/{event}", json.dumps(doc, separators=(",", ":")).encode()
+    return log_topic(origin, event), json.dumps(doc, separators=(",", ":")).encode()
 
 
 @dataclass(slots=True)
@@ -99,7 +106,7 @@ def counter_messages(
             "interval_start": iso(start_us),
             "interval_end": iso(end_us),
         }
-        out.append((f"$counters/{metric}", json.dumps(doc, separators=(",", ":")).encode()))
+        out.append((counter_topic(metric), json.dumps(doc, separators=(",", ":")).encode()))
     return out
 
 
@@ -139,13 +146,8 @@ class QuotaDecision:
         return cls(state, metric, doc.get("limit"), doc.get("value"), decided_at)
 
     def payload(self) -> bytes:
-        doc = {
-            "state": self.state,
-            "metric": self.metric,
-            "limit": self.limit,
-            "value": self.value,
-            "decided_at": self.decided_at,
-        }
+        values = (self.state, self.metric, self.limit, self.value, self.decided_at)
+        doc = dict(zip(DECISION_FIELDS, values, strict=True))
         return json.dumps(doc, separators=(",", ":")).encode()
 
 

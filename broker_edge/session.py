@@ -53,7 +53,7 @@ class Session:
     clean: bool
     max_queued: int
     max_inflight: int
-    max_queued_bytes: int = 16 * 2**20
+    max_queued_bytes: int = 4 * 2**20
     queued_bytes: int = 0
     expiry_interval: int = 0  # seconds after disconnect; 0xFFFFFFFF = never (MQTT 5)
     subscriptions: dict[str, Subscription] = field(default_factory=dict)

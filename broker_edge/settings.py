@@ -26,9 +26,18 @@ class EdgeSettings:
     # flow (a crash replays the journal after the last snapshot), and within a second of any
     # change to a persistent session.
     state_snapshot_interval: float = 60.0
-    # Protocol limits.
-    max_packet_size: int = MAX_REMAINING_LENGTH + 5
+    # Protocol limits. A packet is buffered whole before it is handled, so the maximum packet
+    # size bounds what one connection holds (the tenant's max_payload_bytes lowers it further):
+    # 1 MiB, as EMQX, not the protocol's 256 MiB, which let one slow PUBLISH hold that much.
+    max_packet_size: int = 2**20
     max_keepalive: int = 65_535
+    # Levels of a topic name or filter (EMQX's default): a filter of thousands of levels costs
+    # a trie node each; more is refused (SUBACK 0x8F / PUBLISH DISCONNECT 0x90).
+    max_topic_levels: int = 128
+    # Subscriptions one session may hold (SUBACK 0x97 beyond). What one client's filters cost
+    # every publish (the trie walk) and in memory grows with them: 100 filters of 128 levels
+    # match in ~1.6 ms and hold ~10 MiB at most (BENCHMARKS.md, issue 10).
+    max_subscriptions_per_client: int = 100
     # A connection that has not completed CONNECT within this many seconds is closed.
     connect_timeout: float = 10.0
     # Per-tenant usage published on $counters/{metric} every this many seconds (>= 1). The
@@ -37,17 +46,28 @@ class EdgeSettings:
     counter_interval: float = 2.0
     # Per-session delivery bounds (slow subscribers never grow memory without bound).
     max_queued_messages: int = 1_000
-    max_queued_bytes: int = 16 * 2**20
+    # 4 MiB, not 16: a client that subscribes to its own big messages and never reads holds
+    # this much in its queue, beyond its socket buffer (bench/abuse.py no_reader, issue 10).
+    max_queued_bytes: int = 4 * 2**20
     max_inflight_messages: int = 100
     write_buffer_high_water: int = 1 * 2**20
     # MQTT 5: topic aliases a client may use towards this edge (0 = none) [MQTT-3.2.2.3.8].
     topic_alias_maximum: int = 64
     # Publishers are paused (reads stop) while this many journal records await their commit.
     max_journal_backlog: int = 200_000
+    # ... and one client's reads are paused while its own records awaiting the journal hold
+    # more than this many bytes (topics, payloads and per-record overhead). The commit copies
+    # each frame a few times over (Arrow, IPC), so what one client can pin is several times
+    # this: at 4 MiB one client of 60 KB topics raised RSS by 45 MiB, at 1 MiB by 19 MiB.
+    max_journal_backlog_bytes_per_client: int = 2**20
     # A read whose publishes fan out to more deliveries than this is handled in turns: what is
     # routed so far is written and other connections are served before the rest (reading from
     # that publisher is paused meanwhile), so a burst to many subscribers keeps flowing.
     max_deliveries_per_turn: int = 200_000
+    # ... and a read whose packets took longer than this (seconds) to handle yields the same
+    # way, so one client's costly packets (publishes matching many filters) delay the others'
+    # by about this much, not by a whole read's worth.
+    max_turn_seconds: float = 0.005
     # Seconds between $SYS/broker/... statistics updates (Mosquitto's sys_interval); 0 disables.
     sys_interval: float = 10.0
 
@@ -105,10 +125,18 @@ class EdgeSettings:
             "max_inflight_messages",
             "write_buffer_high_water",
             "max_journal_backlog",
+            "max_journal_backlog_bytes_per_client",
             "max_deliveries_per_turn",
+            "max_topic_levels",
+            "max_subscriptions_per_client",
         ):
             value = getattr(self, key)
             _require(value >= 1, f"edge.{key}", f"must be >= 1, got {value}")
+        _require(
+            math.isfinite(self.max_turn_seconds) and self.max_turn_seconds > 0,
+            "edge.max_turn_seconds",
+            f"must be a number of seconds > 0, got {self.max_turn_seconds}",
+        )
         _require(
             math.isfinite(self.sys_interval) and self.sys_interval >= 0,
             "edge.sys_interval",

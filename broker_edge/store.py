@@ -14,8 +14,9 @@ the (all offline) persistent sessions whose subscriptions match, which queues it
 - after a clean stop (snapshot written last), the state is exactly what it was;
 - after a crash, retained messages and queues are rebuilt from the journal; a message that was
   delivered and acknowledged after the last snapshot may be delivered again (at least once,
-  as QoS 1 allows), and subscription changes made after the last snapshot are lost — which is
-  why the node snapshots within a second of any change to a persistent session.
+  as QoS 1 allows). Session changes made after the last snapshot come from the session log
+  (:mod:`broker_edge.sessionlog`), synced before their CONNACK or SUBACK is sent and applied in
+  journal order; the node also snapshots within a second of such a change, to keep it short.
 
 Snapshots are written atomically (temporary file, fsync, rename, fsync of the directory); a
 snapshot that cannot be read is an error naming the file, never silently ignored. The journal
@@ -51,12 +52,17 @@ class Snapshot:
     journal_seq: int
     sessions: list[Session]
     retained: list[Message]
+    # The first session log generation written after this state (broker_edge.sessionlog).
+    session_log: int = 0
 
 
-def encode(journal_seq: int, sessions: list[Session], retained: list[Message]) -> bytes:
+def encode(
+    journal_seq: int, sessions: list[Session], retained: list[Message], session_log: int = 0
+) -> bytes:
     doc = {
         "version": FORMAT_VERSION,
         "journal_seq": journal_seq,
+        "session_log": session_log,
         "written_at_us": time.time_ns() // 1000,
         "sessions": [_session_doc(s) for s in sessions],
         "retained": [_message_doc(m) for m in retained],
@@ -77,13 +83,18 @@ def write_encoded(path: Path, data: bytes) -> None:
         finally:
             os.close(fd)
         os.replace(tmp, path)
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        fsync_directory(path.parent)
     except OSError as exc:
         raise StateStoreError(f"{path}: cannot write snapshot: {exc}") from exc
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make a name created or renamed in ``directory`` survive a crash."""
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 def load(path: Path, *, max_queued: int, max_inflight: int, now: float) -> Snapshot | None:
@@ -108,7 +119,7 @@ def load(path: Path, *, max_queued: int, max_inflight: int, now: float) -> Snaps
             _session_from(d, max_queued, max_inflight, now - offline_for) for d in doc["sessions"]
         ]
         retained = [_message_from(d) for d in doc["retained"]]
-        return Snapshot(int(doc["journal_seq"]), sessions, retained)
+        return Snapshot(int(doc["journal_seq"]), sessions, retained, int(doc.get("session_log", 0)))
     except (ValueError, KeyError, TypeError) as exc:
         raise StateStoreError(f"{path}: snapshot is corrupt: {exc!r}") from exc
 
@@ -164,16 +175,7 @@ def _session_doc(s: Session) -> dict[str, Any]:
         "client_id": s.client_id,
         "expiry_interval": s.expiry_interval,
         "dropped": s.dropped,
-        "subscriptions": [
-            {
-                "filter": f,
-                "qos": int(sub.qos),
-                "no_local": sub.no_local,
-                "retain_as_published": sub.retain_as_published,
-                "retain_handling": int(sub.retain_handling),
-            }
-            for f, sub in s.subscriptions.items()
-        ],
+        "subscriptions": [subscription_doc(f, sub) for f, sub in s.subscriptions.items()],
         "inflight": [
             {
                 "packet_id": pid,
@@ -192,6 +194,27 @@ def _session_doc(s: Session) -> dict[str, Any]:
     }
 
 
+def subscription_doc(topic_filter: str, sub: Subscription) -> dict[str, Any]:
+    """One subscription as JSON (snapshots and the session log)."""
+    return {
+        "filter": topic_filter,
+        "qos": int(sub.qos),
+        "no_local": sub.no_local,
+        "retain_as_published": sub.retain_as_published,
+        "retain_handling": int(sub.retain_handling),
+    }
+
+
+def subscription_from(d: dict[str, Any]) -> Subscription:
+    return Subscription(
+        topic_filter=d["filter"],
+        qos=QoS(d["qos"]),
+        no_local=bool(d["no_local"]),
+        retain_as_published=bool(d["retain_as_published"]),
+        retain_handling=RetainHandling(d["retain_handling"]),
+    )
+
+
 def _session_from(d: dict[str, Any], max_queued: int, max_inflight: int, since: float) -> Session:
     session = Session(
         client_id=d["client_id"],
@@ -204,13 +227,7 @@ def _session_from(d: dict[str, Any], max_queued: int, max_inflight: int, since: 
     session.dropped = int(d.get("dropped", 0))
     session.disconnected_at = since
     for sub in d["subscriptions"]:
-        session.subscriptions[sub["filter"]] = Subscription(
-            topic_filter=sub["filter"],
-            qos=QoS(sub["qos"]),
-            no_local=bool(sub["no_local"]),
-            retain_as_published=bool(sub["retain_as_published"]),
-            retain_handling=RetainHandling(sub["retain_handling"]),
-        )
+        session.subscriptions[sub["filter"]] = subscription_from(sub)
     for out in d["inflight"]:
         session.inflight[int(out["packet_id"])] = Outbound(
             _message_from(out["message"]),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from broker_edge.logtext import truncated
 from broker_edge.packets import (
     ConnackCode311,
     Connect,
@@ -29,6 +30,7 @@ from broker_edge.plim import (
     quota_event,
 )
 from broker_edge.tenants import ALLOW_ALL, OPERATOR_TENANT, Limits, TenantsConfig
+from schemas import topics
 from schemas.journal import DEFAULT_TENANT
 from schemas.usage import GAUGE_METRICS
 
@@ -38,7 +40,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-EDGE_CLIENT_ID = "$edge"  # client id of the edge's own publishes (logs, counters, quota)
+# The client id of the edge's own publishes (logs, counters, quota): see schemas.topics.
+EDGE_CLIENT_ID = topics.EDGE_CLIENT_ID
 
 
 class Tenancy:
@@ -73,10 +76,11 @@ class Tenancy:
         else:
             grant = self.config.grant(packet.username)
             if grant is None:
+                # Journaled in the operator's namespace for anyone who tries: keep it small.
                 self.log(
                     OPERATOR_TENANT,
                     "auth_failed",
-                    conn.client_id,
+                    truncated(conn.client_id),
                     {"peer": conn.peer, "username": packet.username is not None},
                 )
                 # The issue names 0x86 (bad user name or password: the token) for MQTT 5.
@@ -97,11 +101,14 @@ class Tenancy:
                 {"refused": "connect", "reason": "quota_blocked"},
             )
             return refusal
-        takeover = (conn.tenant, conn.client_id) in self.broker.connections
+        # Every session counts, the offline persistent ones too; a client taking over or
+        # resuming its own session adds none.
+        key = (conn.tenant, conn.client_id)
+        known = key in self.broker.connections or key in self.broker.sessions
         if (
             limits.sessions is not None
-            and not takeover
-            and self.connected.get(conn.tenant, 0) >= limits.sessions
+            and not known
+            and self.broker.session_counts.get(conn.tenant, 0) >= limits.sessions
         ):
             self.log(
                 conn.tenant,
@@ -121,30 +128,38 @@ class Tenancy:
                 continue
             grant = config.grant(conn.token)
             if grant is None or grant.tenant != conn.tenant:
+                conn.will = None  # nobody vouches for it any more
                 conn.close(ReasonCode.NOT_AUTHORIZED, reason_string="token revoked")
                 continue
             conn.acl, conn.operator = grant.acl, grant.operator
             limits = config.limits(conn.tenant)
             conn.max_payload = limits.max_payload_bytes or 0
             conn.rate = float(limits.messages_per_second or 0)
+            conn.decoder.max_packet_size = conn.packet_limit()
+            if conn.will is not None and self.refuse_publish(conn, conn.will, action="will"):
+                conn.will = None  # the new rules forbid it: checked like at CONNECT
         self.broker.flush_dirty()
 
     # -- publish checks --------------------------------------------------------------------
 
-    def refuse_publish(self, conn: Connection, packet: Publish) -> int | None:
-        """None to accept, or the MQTT 5 reason code to refuse an inbound publish with."""
+    def refuse_publish(
+        self, conn: Connection, packet: Publish, *, action: str = "publish"
+    ) -> int | None:
+        """None to accept, or the MQTT 5 reason code to refuse an inbound publish with.
+
+        A will is checked here too, at CONNECT (``action="will"``): it becomes a publish of
+        this client later, so what the client may not publish it may not leave as a will.
+        """
         topic = packet.topic
         if topic[0] == "$":
             # "$" topics are the platform's; only the operator may publish quota decisions.
             if not (conn.operator and topic.startswith(CONTROL_PREFIX)):
                 self.log(
-                    conn.tenant, "acl_denied", conn.client_id, {"action": "publish", "topic": topic}
+                    conn.tenant, "acl_denied", conn.client_id, {"action": action, "topic": topic}
                 )
                 return ReasonCode.NOT_AUTHORIZED
         elif not conn.acl.may_publish(topic):
-            self.log(
-                conn.tenant, "acl_denied", conn.client_id, {"action": "publish", "topic": topic}
-            )
+            self.log(conn.tenant, "acl_denied", conn.client_id, {"action": action, "topic": topic})
             return ReasonCode.NOT_AUTHORIZED
         if conn.tenant in self.blocked:
             conn.usage.dropped += 1
@@ -159,6 +174,7 @@ class Tenancy:
                     "value": conn.max_payload,
                     "size": len(packet.payload),
                     "topic": topic,
+                    "action": action,
                 },
             )
             conn.usage.dropped += 1
@@ -196,7 +212,7 @@ class Tenancy:
         else:
             self.blocked.discard(tenant)
         self.broker.internal_publish(
-            tenant, f"$quota/{decision.metric}", decision.payload(), retain=True
+            tenant, topics.quota_topic(decision.metric), decision.payload(), retain=True
         )
         event = quota_event(previous.state if previous else None, decision.state)
         if event is not None:

@@ -33,6 +33,7 @@ from typing import Any
 from broker_edge.errors import ConfigError
 from broker_edge.topics import InvalidTopic, validate_topic_filter
 from broker_edge.trie import TopicTrie
+from schemas.journal import DEFAULT_TENANT
 
 OPERATOR_TENANT = "$operator"  # cannot clash: tenant names may not start with "$"
 
@@ -145,6 +146,13 @@ def parse(data: Mapping[str, Any], where: str = "tenants") -> TenantsConfig:
         key = f"{where}: tenants.{name}"
         if not name or name.startswith("$") or "/" in name:
             raise ConfigError(f"{key}: a tenant name may not be empty, start with '$' or hold '/'")
+        if name == DEFAULT_TENANT:
+            # The anonymous tenant of an edge without a tenants file: a tenant of that name
+            # would share its journal records, and once saw the node's $SYS statistics.
+            raise ConfigError(
+                f"{key}: {DEFAULT_TENANT!r} is reserved for the anonymous tenant of an edge "
+                "without a tenants file; choose another name"
+            )
         _table(body, key)
         _known(body, {"tokens", "limits", "acl"}, key)
         tokens = body.get("tokens")

@@ -22,8 +22,10 @@ Each node is reached by one path only, so a filter's entries are reported at mos
 once *per filter*; resolving that overlap (highest QoS, subscription identifiers) is the router's
 job, not the tree's.
 
-``match`` results are memoised per topic name in a bounded LRU cache that is cleared by every
-``add`` and every successful ``remove``; publish-heavy, subscribe-light traffic mostly hits it.
+``match`` results are memoised per topic name in an LRU cache that is cleared by every ``add``
+and every successful ``remove``; publish-heavy, subscribe-light traffic mostly hits it. The cache
+is bounded by entries and by an estimate of the bytes it holds (the topic names and the result
+tuples), so long distinct topic names cannot make it hold hundreds of megabytes.
 """
 
 from __future__ import annotations
@@ -38,6 +40,11 @@ K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 DEFAULT_CACHE_SIZE = 4096
+DEFAULT_CACHE_BYTES = 2**20
+# Estimated bytes of one cache entry beyond its topic's characters: the OrderedDict slot and the
+# result tuple, and per match the (key, value) pair in it.
+_ENTRY_BYTES = 200
+_MATCH_BYTES = 72
 
 
 class _Node(Generic[K, V]):
@@ -55,15 +62,24 @@ class TopicTrie(Generic[K, V]):
     topic name (the codec checked it), because it is the hot path.
     """
 
-    __slots__ = ("_cache", "_cache_size", "_root", "_size")
+    __slots__ = ("_cache", "_cache_bytes", "_cache_held", "_cache_size", "_root", "_size")
 
-    def __init__(self, cache_size: int = DEFAULT_CACHE_SIZE) -> None:
+    def __init__(
+        self, cache_size: int = DEFAULT_CACHE_SIZE, cache_bytes: int = DEFAULT_CACHE_BYTES
+    ) -> None:
         if cache_size < 0:
             raise ValueError(f"cache_size must be >= 0, got {cache_size}")
         self._root: _Node[K, V] = _Node()
         self._size = 0
         self._cache_size = cache_size
+        self._cache_bytes = cache_bytes
+        self._cache_held = 0  # estimated bytes in _cache
         self._cache: OrderedDict[str, tuple[tuple[K, V], ...]] = OrderedDict()
+
+    @property
+    def cache_bytes(self) -> int:
+        """Estimated bytes the match cache holds now (diagnostics and tests)."""
+        return self._cache_held
 
     def __len__(self) -> int:
         """Number of (filter, key) entries."""
@@ -85,7 +101,7 @@ class TopicTrie(Generic[K, V]):
         node.entries[key] = value
         if is_new:
             self._size += 1
-        self._cache.clear()
+        self._clear_cache()
         return is_new
 
     def remove(self, topic_filter: str, key: K) -> bool:
@@ -110,8 +126,12 @@ class TopicTrie(Generic[K, V]):
                 break
             del parent.children[level]
             node = parent
-        self._cache.clear()
+        self._clear_cache()
         return True
+
+    def _clear_cache(self) -> None:
+        self._cache.clear()
+        self._cache_held = 0
 
     def match(self, topic: str) -> list[tuple[K, V]]:
         """Every (key, value) of every filter matching the topic name ``topic``.
@@ -126,9 +146,13 @@ class TopicTrie(Generic[K, V]):
             return list(hit)
         result = self._walk(topic)
         if self._cache_size:
-            cache[topic] = tuple(result)
-            if len(cache) > self._cache_size:
-                cache.popitem(last=False)
+            cost = len(topic) + _ENTRY_BYTES + _MATCH_BYTES * len(result)
+            if cost <= self._cache_bytes // 8:  # one entry never takes over the cache
+                cache[topic] = tuple(result)
+                self._cache_held += cost
+                while len(cache) > self._cache_size or self._cache_held > self._cache_bytes:
+                    old, matched = cache.popitem(last=False)
+                    self._cache_held -= len(old) + _ENTRY_BYTES + _MATCH_BYTES * len(matched)
         return result
 
     def node_count(self) -> int:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-# Topics of log events: ``$log/{origin}/{event}`` in the tenant's namespace.
-LOG_TOPIC_PREFIX = "$log/"
+from schemas import topics
+
+# Topics of log events: ``$log/{origin}/{event}`` in the tenant's namespace (schemas.topics).
+LOG_TOPIC_PREFIX = topics.LOG_TOPIC_PREFIX
 
 # Every event an edge logs (``broker_edge.plim.log_event`` refuses others): the ``event`` field
 # of a log payload and the ``event_type`` column of valid ``logs`` rows.

@@ -8,10 +8,16 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from schemas import topics
+
 _TS = pa.timestamp("us", tz="UTC")
 
-COUNTERS_TOPIC_PREFIX = "$counters/"
-"""Edges publish each tenant's usage on ``$counters/{metric}`` in the tenant's namespace."""
+# The topics and the decision's fields are the edge/pipeline contract, declared in
+# schemas.topics; named here too for the pipeline's steps that import them from this module.
+COUNTERS_TOPIC_PREFIX = topics.COUNTERS_TOPIC_PREFIX
+CONTROL_TOPIC_PREFIX = topics.CONTROL_TOPIC_PREFIX
+DECISION_STATES = topics.DECISION_STATES
+DECISION_FIELDS = topics.DECISION_FIELDS
 
 COUNTER_KINDS = ("counter", "gauge")
 
@@ -143,11 +149,3 @@ QUOTA_EVENTS_SCHEMA = pa.schema(
 )
 
 QUOTA_EVENTS_PARTITION_BY: tuple[str, ...] = ("tenant", "date")
-
-CONTROL_TOPIC_PREFIX = "$control/quota/"
-"""Decisions go to ``$control/quota/{tenant}`` in the operator's namespace, retained."""
-
-DECISION_STATES = ("ok", "warn", "blocked")
-# The decision JSON object's keys (broker_edge.plim.QuotaDecision): state (DECISION_STATES),
-# metric, limit and value (numbers or null), decided_at (ISO 8601 string).
-DECISION_FIELDS = ("state", "metric", "limit", "value", "decided_at")

@@ -41,17 +41,22 @@ def _client(port: int, client_id: str, inbox: queue.Queue[mqtt.MQTTMessage]) -> 
     return client
 
 
-def test_sigkilled_edge_rebuilds_sessions_queues_and_retained(tmp_path: Path) -> None:
-    data_dir = tmp_path / "data"
-    edge, port = _edge(data_dir)
-    inbox: queue.Queue[mqtt.MQTTMessage] = queue.Queue()
-    sub = _client(port, "crash-sub", inbox)
+def _subscribe_and_leave(port: int, client_id: str, inbox: queue.Queue[mqtt.MQTTMessage]) -> None:
+    """A persistent session subscribed to ``fleet/#`` at QoS 1 (SUBACK received), offline."""
+    sub = _client(port, client_id, inbox)
     done: queue.Queue[int] = queue.Queue()
     sub.on_subscribe = lambda c, u, mid, codes, p: done.put(mid)
     sub.subscribe("fleet/#", qos=1)
     done.get(timeout=10)
     sub.disconnect()
     sub.loop_stop()
+
+
+def test_sigkilled_edge_rebuilds_sessions_queues_and_retained(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    edge, port = _edge(data_dir)
+    inbox: queue.Queue[mqtt.MQTTMessage] = queue.Queue()
+    _subscribe_and_leave(port, "crash-sub", inbox)
     # The new persistent subscription reaches a snapshot within about a second.
     snapshot = data_dir / "state" / "crash" / "snapshot.json"
     deadline = time.monotonic() + 10
@@ -93,3 +98,84 @@ def test_sigkilled_edge_rebuilds_sessions_queues_and_retained(tmp_path: Path) ->
     finally:
         edge.send_signal(signal.SIGTERM)
         assert edge.wait(20) == 0
+
+
+def _publisher(port: int, client_id: str) -> mqtt.Client:
+    pub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id)
+    pub.connect("127.0.0.1", port)
+    pub.loop_start()
+    return pub
+
+
+def _acked(pub: mqtt.Client, payload: bytes) -> None:
+    """One QoS 1 publish to ``fleet/v1/pos``, returning once the edge acknowledged it."""
+    info = pub.publish("fleet/v1/pos", payload, qos=1)
+    info.wait_for_publish(10)
+    assert info.is_published()
+
+
+def _leave(client: mqtt.Client) -> None:
+    client.disconnect()
+    client.loop_stop()
+
+
+def _stop(edge: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    edge.send_signal(sig)
+    edge.wait(10)
+
+
+def test_a_session_confirmed_just_before_a_sigkill_survives_it(tmp_path: Path) -> None:
+    """SUBACK, DISCONNECT, one QoS 1 publish acknowledged, SIGKILL: no snapshot can have
+    caught the session yet (they come at most once a second), the session log has."""
+    data_dir = tmp_path / "data"
+    edge, port = _edge(data_dir)
+    inbox: queue.Queue[mqtt.MQTTMessage] = queue.Queue()
+    try:
+        _leave(_client(port, "quick-open", queue.Queue()))  # a CONNACK, nothing else
+        _subscribe_and_leave(port, "quick-sub", inbox)  # SUBACK, DISCONNECT
+        pub = _publisher(port, "quick-pub")
+        _acked(pub, b"acked")
+        _leave(pub)
+    finally:
+        _stop(edge, signal.SIGKILL)
+    snapshot = data_dir / "state" / "crash" / "snapshot.json"
+    assert b"quick-sub" not in (snapshot.read_bytes() if snapshot.exists() else b"")
+
+    edge, port = _edge(data_dir)
+    try:
+        back = _client(port, "quick-open", queue.Queue())
+        assert back.session_present  # type: ignore[attr-defined]
+        _leave(back)
+        again = _client(port, "quick-sub", inbox)
+        assert again.session_present  # type: ignore[attr-defined]
+        assert inbox.get(timeout=10).payload == b"acked"
+        _leave(again)
+    finally:
+        _stop(edge, signal.SIGTERM)
+
+
+def test_after_a_sigkill_a_session_gets_what_came_after_its_subscription_only(
+    tmp_path: Path,
+) -> None:
+    """The session log is applied in journal order: a QoS 1 message acknowledged before the
+    SUBACK is not queued for the subscription after the crash, one after it is."""
+    data_dir = tmp_path / "data"
+    edge, port = _edge(data_dir)
+    inbox: queue.Queue[mqtt.MQTTMessage] = queue.Queue()
+    try:
+        pub = _publisher(port, "order-pub")
+        _acked(pub, b"before")
+        _subscribe_and_leave(port, "order-sub", inbox)
+        _acked(pub, b"after")
+        _leave(pub)
+    finally:
+        _stop(edge, signal.SIGKILL)
+
+    edge, port = _edge(data_dir)
+    try:
+        again = _client(port, "order-sub", inbox)
+        assert inbox.get(timeout=10).payload == b"after"
+        assert inbox.empty()
+        _leave(again)
+    finally:
+        _stop(edge, signal.SIGTERM)
