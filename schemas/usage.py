@@ -53,7 +53,7 @@ COUNTER_PAYLOAD_SCHEMA = pa.schema(
 # Counter records are published by the edge itself, under this client id, in each tenant's
 # namespace (broker_edge.tenancy). The pipeline counts no other: a client that manages to
 # publish on ``$counters/`` (a will, a bug) must not be able to move its tenant's usage.
-EDGE_CLIENT_ID = "$edge"
+EDGE_CLIENT_ID = topics.EDGE_CLIENT_ID
 
 # One parsed counter record of a micro-batch (streaming.usage.transform), before the records of
 # one tenant, metric, minute and node are reduced to a USAGE_PARTIAL_SCHEMA row. ``window_start``
