@@ -91,23 +91,29 @@ def log_rows(tenant: str, day: date, n: int, rng: np.random.Generator) -> pa.Tab
 
 
 def build_table(lake: Path, rows: int, tenants: int, days: int) -> None:
-    from sinks.delta import DeltaBatchWriter
+    """The logs table as the pipeline writes it: Spark's Delta, one commit per tenant-day
+    (with the logs step's app id), then compacted by the pipeline's maintenance."""
     from sinks.maintenance import maintain_table
     from streaming.logs import APP_ID, logs_writer
+    from streaming.session import build_spark, stop_spark
     from streaming.settings import PipelineSettings
 
-    writer: DeltaBatchWriter = logs_writer(PipelineSettings(lake=lake))
-    assert writer.app_id == APP_ID
-    rng = np.random.default_rng(7)
-    per_partition = rows // (tenants * days)
-    batch = 0
-    for d in range(days):
-        for t in range(tenants):
-            writer.write(
-                batch, log_rows(f"tenant-{t:02d}", FIRST_DAY + timedelta(d), per_partition, rng)
-            )
-            batch += 1
-    maintain_table(writer.path, vacuum_retention_hours=168)
+    settings = PipelineSettings(lake=lake, master="local[2]")
+    spark = build_spark(settings)
+    try:
+        writer = logs_writer(settings)
+        assert writer.app_id == APP_ID
+        rng = np.random.default_rng(7)
+        per_partition = rows // (tenants * days)
+        batch = 0
+        for d in range(days):
+            for t in range(tenants):
+                table = log_rows(f"tenant-{t:02d}", FIRST_DAY + timedelta(d), per_partition, rng)
+                writer.append(batch, spark.createDataFrame(table))
+                batch += 1
+        maintain_table(spark, writer.path, vacuum_retention_hours=168)
+    finally:
+        stop_spark(spark)
 
 
 def timed(fn: Any, repeat: int) -> list[float]:

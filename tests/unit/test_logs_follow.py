@@ -19,7 +19,7 @@ import pytest
 from deltalake import DeltaTable
 
 from schemas.tables import LOGS_PARTITION_BY, LOGS_SCHEMA
-from sinks.delta import DeltaBatchWriter
+from lake_fixture import DeltaBatchWriter
 
 UTC = dt.UTC
 T0 = dt.datetime(2024, 3, 12, 8, 0, tzinfo=UTC)

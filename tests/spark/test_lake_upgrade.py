@@ -1,0 +1,136 @@
+"""A lake and checkpoint written by the delta-rs pipeline (before issue 18) carry on under Spark's
+Delta with no duplicate and no gap, and maintenance repairs their view-typed files.
+
+``tests/data/lake_before_delta_spark.tar.gz`` was written by that pipeline (commit 70ed61e):
+two nodes' journals of 62 records each (messages, log events, a JSON-contract breach, counters)
+processed in four micro-batches of at most 40 records. Its ``usage`` files carry
+``string_view`` columns (the defect of issue 16 part 1).
+"""
+
+from __future__ import annotations
+
+import tarfile
+from collections import Counter as Multiset
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from counter_records import Counter, write_counters
+from deltalake import DeltaTable
+from pyspark.sql import SparkSession
+
+from ingest.journal import JournalWriter
+from sinks.delta import read_table
+from sinks.maintenance import maintain_table, view_typed_files
+from streaming import pipeline
+from streaming.settings import PipelineSettings
+
+pytestmark = pytest.mark.spark
+
+ARCHIVE = Path(__file__).parents[1] / "data" / "lake_before_delta_spark.tar.gz"
+NODES = ("edge-a", "edge-b")
+BEFORE = 62  # records per node in the archive's journals
+
+
+def unpack(root: Path) -> PipelineSettings:
+    with tarfile.open(ARCHIVE) as archive:
+        archive.extractall(root, filter="data")
+    return PipelineSettings(
+        data_dir=root / "data",
+        lake=root / "lake",
+        master="local[2]",
+        trigger_interval_seconds=0.1,
+        shuffle_partitions=2,
+        quality_interval_seconds=0.0,
+        maintenance_interval_seconds=0.0,
+        max_records_per_batch=40,
+    )
+
+
+def identities(settings: PipelineSettings, table: str) -> Multiset[tuple[str, int]]:
+    rows = read_table(settings.table_path(table), columns=["node", "seq"]).to_pylist()
+    return Multiset((row["node"], row["seq"]) for row in rows)
+
+
+def test_the_old_lake_carries_on_exactly_once(edgebus_spark: SparkSession, tmp_path: Path) -> None:
+    settings = unpack(tmp_path)
+    old_messages = identities(settings, "messages")
+    old_batches = DeltaTable(str(settings.table_path("messages"))).transaction_version(
+        "edgebus.history"
+    )
+    assert old_batches is not None
+    assert sum(old_messages.values()) == 100
+    for node in NODES:
+        with JournalWriter.open(settings.journal_root, node, fsync=False) as writer:
+            for i in range(30):
+                writer.append(
+                    ts_us=1_710_028_800_000_000 + 10**9 + i,
+                    tenant="acme",
+                    client_id="truck-9",
+                    topic=f"fleet/new/{i}",
+                    qos=1,
+                    retain=False,
+                    payload=b'{"speed": 3}',
+                    content_type="application/json",
+                )
+            writer.flush()
+        write_counters(settings.journal_root, node, [Counter("acme", "messages_in", 15, 7)])
+
+    pipeline.run(settings, once=True, spark=edgebus_spark)
+
+    messages = identities(settings, "messages")
+    assert max(messages.values()) == 1, "a record landed twice"
+    new = {(node, seq) for node in NODES for seq in range(BEFORE + 1, BEFORE + 31)}
+    assert set(messages) == set(old_messages) | new, "a record is missing"
+    assert max(identities(settings, "logs").values()) == 1
+    assert max(identities(settings, "quarantine").values()) == 1
+    # The same app ids carry on: the batch ids go on from the old checkpoint's.
+    delta = DeltaTable(str(settings.table_path("messages")))
+    assert delta.transaction_version("edgebus.history") > old_batches
+    # Usage: the old rows (5 per node at 00:00:10) and the new ones (7 per node) summed.
+    usage = read_table(settings.table_path("usage"), "metric = 'messages_in'").to_pylist()
+    assert [(row["value"], row["day_value"]) for row in usage] == [(24, 24)]
+
+
+def test_maintenance_repairs_view_typed_files_and_keeps_every_row(
+    edgebus_spark: SparkSession, tmp_path: Path
+) -> None:
+    settings = unpack(tmp_path)
+    usage = settings.table_path("usage")
+    broken = view_typed_files(usage)
+    assert broken, "the archive's usage files should carry string_view"
+    before = read_table(usage).sort_by([("metric", "ascending")]).to_pylist()
+    version = DeltaTable(str(usage)).version()
+
+    report = maintain_table(edgebus_spark, usage, vacuum_retention_hours=0)
+
+    assert report.partitions_repaired == len({tuple(v.items()) for v in broken.values()})
+    assert view_typed_files(usage) == {}
+    assert read_table(usage).sort_by([("metric", "ascending")]).to_pylist() == before
+    for uri in DeltaTable(str(usage)).file_uris():
+        schema = pq.read_schema(uri.removeprefix("file://"))
+        assert "view" not in str(schema), uri
+    # Retention 0: the replaced files are gone from disk, the old version's data with them.
+    on_disk = {p.name for p in usage.rglob("*.parquet") if "_delta_log" not in p.parts}
+    assert on_disk == {Path(u).name for u in DeltaTable(str(usage)).file_uris()}
+    # App transactions survive the rewrite: a replay is still recognised.
+    assert DeltaTable(str(usage)).transaction_version("edgebus.usage") is not None
+    assert report.version_after > version
+
+
+def test_compaction_leaves_one_file_per_partition_and_every_row_once(
+    edgebus_spark: SparkSession, tmp_path: Path
+) -> None:
+    settings = unpack(tmp_path)
+    messages = settings.table_path("messages")
+    before = identities(settings, "messages")
+    files = len(DeltaTable(str(messages)).file_uris())
+    partitions = {Path(u).parent for u in DeltaTable(str(messages)).file_uris()}
+    assert files > len(partitions)
+
+    report = maintain_table(edgebus_spark, messages, vacuum_retention_hours=168)
+
+    assert report.files_removed - report.files_added == files - len(partitions)
+    assert len(DeltaTable(str(messages)).file_uris()) == len(partitions)
+    assert identities(settings, "messages") == before
+    assert any((messages / "_delta_log").glob("*.checkpoint.parquet"))
