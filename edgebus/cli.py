@@ -19,6 +19,7 @@ from typing import IO, Any
 from broker_edge.errors import ConfigError
 from edgebus import logs_cli, quality_cli, sql_cli, usage_cli
 from edgebus.settings import SettingsError, load_edge, load_pipeline
+from streaming.errors import PipelineConfigError
 
 log = logging.getLogger("edgebus")
 # What `edgebus --help` says (the module docstring's ``markup`` would show as it is).
@@ -68,6 +69,15 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--node-id", default=None)
     run.add_argument("--tenants", type=Path, help="tenants file for the edge and the quota step")
     _pipeline_args(run)
+    maintain = sub.add_parser(
+        "maintain",
+        help="maintain every table of the lake once, now (repair, compact, vacuum, checkpoint)",
+        description="Maintain every table of the lake once, now: rewrite files whose physical "
+        "types differ from the table's (lakes written before Spark's Delta wrote them), "
+        "compact small files, vacuum files older than vacuum_retention_hours, checkpoint. "
+        "What the pipeline does every maintenance_interval_seconds.",
+    )
+    _pipeline_args(maintain)
     logs_cli.add_parser(sub)
     quality_cli.add_parser(sub)
     sql_cli.add_parser(sub)
@@ -102,6 +112,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return quality_cli.run(args)
         if args.command == "sql":
             return sql_cli.run(args)
+        if args.command == "maintain":
+            return _maintain(args)
         return _run(args)
     except SettingsError as exc:
         print(f"edgebus: bad settings: {exc}", file=sys.stderr)
@@ -210,10 +222,40 @@ def _pipeline(args: argparse.Namespace) -> int:
     else:
         quota = None
     from streaming import pipeline
+    from streaming.session import delta_jars
 
+    try:
+        delta_jars()  # before Spark: a missing part is one line, not a JVM stack trace
+    except PipelineConfigError as exc:
+        print(f"edgebus: {exc}", file=sys.stderr)
+        return 2
     if stop.is_set():
         return 0  # stopped before Spark started
     pipeline.run(settings, once=args.once, stop=stop, quota=quota)
+    return 0
+
+
+def _maintain(args: argparse.Namespace) -> int:
+    settings = load_pipeline(args.config, _pipeline_overrides(args))
+    if not settings.lake.is_dir():
+        print(f"edgebus: {settings.lake}: no such lake", file=sys.stderr)
+        return 2
+    from sinks.maintenance import describe
+    from streaming.maintenance import MaintenanceSchedule, spark_maintainer
+    from streaming.session import build_spark, delta_jars, stop_spark
+
+    try:
+        delta_jars()
+    except PipelineConfigError as exc:
+        print(f"edgebus: {exc}", file=sys.stderr)
+        return 2
+    spark = build_spark(settings)
+    try:
+        reports = MaintenanceSchedule(settings, spark_maintainer(spark)).run_once()
+    finally:
+        stop_spark(spark)
+    for report in reports:
+        print(describe(report))
     return 0
 
 

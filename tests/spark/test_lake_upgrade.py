@@ -9,6 +9,8 @@ processed in four micro-batches of at most 40 records. Its ``usage`` files carry
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import tarfile
 from collections import Counter as Multiset
 from pathlib import Path
@@ -134,3 +136,29 @@ def test_compaction_leaves_one_file_per_partition_and_every_row_once(
     assert len(DeltaTable(str(messages)).file_uris()) == len(partitions)
     assert identities(settings, "messages") == before
     assert any((messages / "_delta_log").glob("*.checkpoint.parquet"))
+
+
+def test_edgebus_maintain_repairs_a_lake_once_as_a_command(tmp_path: Path) -> None:
+    settings = unpack(tmp_path)
+    assert view_typed_files(settings.table_path("usage"))
+    done = subprocess.run(
+        [sys.executable, "-m", "edgebus.cli", "maintain", "--lake", str(settings.lake)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "usage: v" in done.stdout
+    assert "1 partitions repaired" in done.stdout
+    for table in ("messages", "logs", "usage", "quarantine"):
+        assert view_typed_files(settings.table_path(table)) == {}
+    missing = subprocess.run(
+        [sys.executable, "-m", "edgebus.cli", "maintain", "--lake", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert missing.returncode == 2
+    assert "no such lake" in missing.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -51,4 +52,23 @@ def test_pipeline_tenants_without_operator_token_is_refused(
     )
     assert result.returncode == 2
     assert "the quota step needs an [operator] token" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_pipeline_without_delta_jars_says_what_is_missing(tmp_path: Path) -> None:
+    empty = tmp_path / "no-jars"
+    empty.mkdir()
+    result = subprocess.run(
+        [*EDGEBUS, "pipeline", "--data-dir", str(tmp_path), "--lake", str(tmp_path / "lake")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "EDGEBUS_DELTA_JARS": str(empty)},
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "io.delta:delta-spark_" in lines[0]
+    assert "scripts/bootstrap.sh" in lines[0]
     assert "Traceback" not in result.stderr
