@@ -51,6 +51,7 @@ class DeltaTableWriter:
         app_id: str,
         schema: pa.Schema,
         partition_by: Sequence[str] = (),
+        stats_columns: Sequence[str] = (),
     ) -> None:
         if not app_id:
             raise ValueError("app_id must not be empty")
@@ -61,6 +62,11 @@ class DeltaTableWriter:
         self._app_id = app_id
         self._schema = schema
         self._partition_by = list(partition_by)
+        unknown = [name for name in stats_columns if name not in schema.names]
+        if unknown:
+            raise SinkSchemaError(f"stats columns not in the schema: {unknown}")
+        self._properties = {STATS_COLUMNS: ",".join(stats_columns)} if stats_columns else {}
+        self._ensured = False
 
     @property
     def path(self) -> str:
@@ -88,13 +94,23 @@ class DeltaTableWriter:
         return version
 
     def ensure(self, spark: SparkSession) -> None:
-        """Create the table (empty, with the declared schema and partitioning) if it is not
-        there yet. Creating it first keeps its schema the declared one: the nullability and
-        types of ``schemas/``, not whatever a first batch happens to carry."""
-        if _is_table(self._path):
+        """Create the table (empty, with the declared schema, partitioning and properties) if
+        it is not there yet, or give a table made before the properties it lacks. Creating it
+        first keeps its schema the declared one: the nullability and types of ``schemas/``,
+        not whatever a first batch happens to carry. Checked once per writer."""
+        if self._ensured:
             return
         from delta.tables import DeltaTable as SparkDeltaTable
 
+        if _is_table(self._path):
+            have = DeltaTable(self._path).metadata().configuration
+            missing = {k: v for k, v in self._properties.items() if have.get(k) != v}
+            if missing:
+                settings = ", ".join(f"'{k}' = '{v}'" for k, v in missing.items())
+                spark.sql(f"ALTER TABLE delta.`{self._path}` SET TBLPROPERTIES ({settings})")
+                logger.info("%s: set %s", self._path, settings)
+            self._ensured = True
+            return
         builder = (
             SparkDeltaTable.createIfNotExists(spark)
             .location(self._path)
@@ -102,7 +118,10 @@ class DeltaTableWriter:
         )
         if self._partition_by:
             builder = builder.partitionedBy(*self._partition_by)
+        for key, value in self._properties.items():
+            builder = builder.property(key, value)
         builder.execute()
+        self._ensured = True
         logger.info("%s: created Delta table partitioned by %s", self._path, self._partition_by)
 
     def append(self, batch_id: int, rows: DataFrame) -> None:
@@ -193,6 +212,11 @@ class DeltaTableWriter:
             ]
         )
 
+
+# The columns Delta keeps min/max statistics of in each file's log entry (the readers prune
+# files with them). Collecting them costs about as much as writing the rows, so the hot tables
+# keep them for the columns queries filter on, not for every column (Delta's default: 32).
+STATS_COLUMNS = "delta.dataSkippingStatsColumns"
 
 # Delta's session settings that make a MERGE (or any DML) idempotent like txnAppId/txnVersion
 # make an append.

@@ -23,6 +23,8 @@ from streaming.settings import PipelineSettings
 TABLE = "messages"
 # The Delta app id of this step's commits. Stable across restarts from the same checkpoint.
 APP_ID = "edgebus.history"
+# The columns whose file statistics readers prune on: time ranges and (node, seq) identities.
+STATS_COLUMNS = ("node", "seq", "ts")
 
 
 def accepts(topics: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
@@ -56,5 +58,9 @@ def split(records: pa.Table) -> tuple[pa.Table, pa.Table]:
 
 def messages_writer(settings: PipelineSettings) -> DeltaTableWriter:
     return DeltaTableWriter(
-        settings.table_path(TABLE), APP_ID, MESSAGES_SCHEMA, MESSAGES_PARTITION_BY
+        settings.table_path(TABLE),
+        APP_ID,
+        MESSAGES_SCHEMA,
+        MESSAGES_PARTITION_BY,
+        stats_columns=STATS_COLUMNS,
     )

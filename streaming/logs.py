@@ -29,6 +29,9 @@ from streaming.settings import PipelineSettings
 TABLE = "logs"
 # The Delta app id of this step's commits. Stable across restarts from the same checkpoint.
 APP_ID = "edgebus.logs"
+# The columns whose file statistics readers prune on (``edgebus logs``: time, its cursor, the
+# event type and client filters).
+STATS_COLUMNS = ("node", "seq", "ts", "event_type", "client_id")
 # The rule name quarantined log events carry; the reason says which part of it broke.
 RULE = "log_event"
 
@@ -124,7 +127,13 @@ def transform(records: pa.Table) -> tuple[pa.Table, pa.Table]:
 
 
 def logs_writer(settings: PipelineSettings) -> DeltaTableWriter:
-    return DeltaTableWriter(settings.table_path(TABLE), APP_ID, LOGS_SCHEMA, LOGS_PARTITION_BY)
+    return DeltaTableWriter(
+        settings.table_path(TABLE),
+        APP_ID,
+        LOGS_SCHEMA,
+        LOGS_PARTITION_BY,
+        stats_columns=STATS_COLUMNS,
+    )
 
 
 def _object(payload: bytes) -> dict[str, Any] | None:
