@@ -204,10 +204,13 @@ class DeltaTableWriter:
         missing = [name for name in self._schema.names if name not in rows.columns]
         if missing:
             raise SinkSchemaError(f"{self._path}: the rows lack columns {missing}")
+        have = {field.name: field.dataType for field in rows.schema}
         target = spark_schema(self._schema)
         return rows.select(
             *[
-                F.col(f"`{field.name}`").cast(loose(field.dataType)).alias(field.name)
+                F.col(f"`{field.name}`")
+                if have[field.name] == field.dataType
+                else F.col(f"`{field.name}`").cast(loose(field.dataType)).alias(field.name)
                 for field in target
             ]
         )

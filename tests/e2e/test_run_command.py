@@ -14,6 +14,7 @@ from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
+from deltalake import DeltaTable
 
 from sinks.delta import read_table
 
@@ -52,7 +53,7 @@ def test_run_serves_mqtt_and_fills_messages(tmp_path: Path) -> None:
         deadline = time.monotonic() + 180
         rows = 0
         while time.monotonic() < deadline and proc.poll() is None:
-            if (table / "_delta_log").exists():
+            if DeltaTable.is_deltatable(str(table)):  # a first commit, not just the folder
                 rows = read_table(table).num_rows
                 if rows:
                     break

@@ -170,13 +170,19 @@ def test_every_data_file_has_the_physical_types_its_schema_declares(lake: Path) 
 
 READERS = {
     "pyarrow": """
+        import pyarrow as pa
         import pyarrow.dataset as ds
         from deltalake import DeltaTable
         def count(path, column, value):
             delta = DeltaTable(path)
+            schema = pa.schema(delta.schema().to_arrow())
+            partitions = pa.schema(
+                [schema.field(name) for name in delta.metadata().partition_columns]
+            )
             data = ds.dataset(
-                delta.file_uris(), format="parquet",
-                partitioning=ds.partitioning(flavor="hive"), partition_base_dir=path,
+                delta.file_uris(), schema=schema, format="parquet",
+                partitioning=ds.partitioning(partitions, flavor="hive"),
+                partition_base_dir=path,
             )
             if column is None:
                 return data.count_rows()

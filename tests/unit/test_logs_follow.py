@@ -17,9 +17,9 @@ from typing import IO, Any
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
+from lake_fixture import DeltaBatchWriter
 
 from schemas.tables import LOGS_PARTITION_BY, LOGS_SCHEMA
-from lake_fixture import DeltaBatchWriter
 
 UTC = dt.UTC
 T0 = dt.datetime(2024, 3, 12, 8, 0, tzinfo=UTC)

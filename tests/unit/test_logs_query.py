@@ -12,12 +12,12 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from lake_fixture import DeltaBatchWriter
 from repeated_runs import outputs_of_repeated_runs
 
 from edgebus import log_query, logs_cli
 from edgebus.log_query import Cursor, DetailMatch, same_json
 from schemas.tables import LOGS_PARTITION_BY, LOGS_SCHEMA
-from lake_fixture import DeltaBatchWriter
 
 UTC = dt.UTC
 NOW = dt.datetime(2024, 3, 12, 12, 0, tzinfo=UTC)
