@@ -17,7 +17,7 @@ from typing import Any
 
 from broker_edge import store
 from broker_edge.broker import Broker
-from broker_edge.durability import GroupCommitter
+from broker_edge.durability import GroupCommitter, JournalStatus
 from broker_edge.errors import ConfigError
 from broker_edge.listener import MqttProtocol
 from broker_edge.message import Message
@@ -25,7 +25,7 @@ from broker_edge.packets import QoS, ReasonCode
 from broker_edge.settings import EdgeSettings
 from broker_edge.sysstats import SysTree, installed_version, sample
 from broker_edge.tenants import load as tenants_load
-from ingest.journal import JournalReader, JournalWriter
+from ingest.journal import OS_FILES, FileOps, JournalReader, JournalWriter
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +35,16 @@ HOUSEKEEPING_INTERVAL = 1.0
 class EdgeNode:
     """``async with EdgeNode(settings) as node:`` serves MQTT on ``node.port`` until exit."""
 
-    def __init__(self, settings: EdgeSettings, tenants_file: Path | None = None) -> None:
+    def __init__(
+        self,
+        settings: EdgeSettings,
+        tenants_file: Path | None = None,
+        *,
+        journal_files: FileOps = OS_FILES,
+    ) -> None:
         self.settings = settings
         self.tenants_file = tenants_file
+        self._journal_files = journal_files  # the journal's file layer (tests inject faults)
         self.port = settings.port
         self._server: asyncio.Server | None = None
         self._committer: GroupCommitter | None = None
@@ -47,6 +54,7 @@ class EdgeNode:
         self._counters: asyncio.Task[None] | None = None
         self.started_at = 0.0  # event loop time
         self.broker: Broker | None = None
+        self._sys_tree = SysTree(installed_version())
 
     async def __aenter__(self) -> EdgeNode:
         await self.start()
@@ -70,12 +78,20 @@ class EdgeNode:
                 settings.node_id,
                 segment_bytes=settings.journal_segment_bytes,
                 fsync=settings.journal_fsync,
+                files=self._journal_files,
             ),
         )
         tenants = tenants_load(self.tenants_file) if self.tenants_file is not None else None
-        committer = GroupCommitter(writer)
+        committer = GroupCommitter(
+            writer,
+            max_bytes=settings.journal_max_bytes,
+            min_free_bytes=settings.journal_min_free_bytes,
+            retention_seconds=settings.journal_retention_hours * 3600,
+        )
         broker = Broker(settings, committer, tenants=tenants)
         committer.on_commit = broker.after_commit
+        committer.on_state = broker.journal_status_changed
+        broker.on_journal_status = self._journal_status_changed
         self.broker = broker
         await self._restore(broker, writer.next_seq - 1)
         committer.start()
@@ -230,22 +246,31 @@ class EdgeNode:
     async def _publish_sys(self, interval: float) -> None:
         """Publish $SYS/broker/... at once, then every ``interval`` seconds (no drift)."""
         loop = asyncio.get_running_loop()
-        broker = self.broker
-        assert broker is not None
-        tree = SysTree(installed_version())
         deadline = loop.time()
         while True:
-            now = loop.time()
-            try:
-                uptime = int(now - self.started_at)
-                for topic, payload in tree.update(sample(broker, uptime), now):
-                    broker.publish_system(topic, payload)
-                broker.flush_dirty()
-            except Exception:
-                # Statistics are not worth the node: log our bug and try again next interval.
-                log.exception("$SYS update failed")
+            self._update_sys()
             deadline = max(deadline + interval, loop.time())
             await asyncio.sleep(deadline - loop.time())
+
+    def _update_sys(self) -> None:
+        broker = self.broker
+        assert broker is not None
+        now = asyncio.get_running_loop().time()
+        try:
+            uptime = int(now - self.started_at)
+            for topic, payload in self._sys_tree.update(
+                sample(broker, uptime, self._committer), now
+            ):
+                broker.publish_system(topic, payload)
+            broker.flush_dirty()
+        except Exception:
+            # Statistics are not worth the node: log our bug and try again next interval.
+            log.exception("$SYS update failed")
+
+    def _journal_status_changed(self, status: JournalStatus) -> None:
+        """The journal became full, failing or fine again: ``$SYS`` says so at once."""
+        if self._sys is not None:
+            self._update_sys()
 
     async def stop(self) -> None:
         """Stop accepting, close clients (MQTT 5: DISCONNECT 0x8B), flush the journal."""

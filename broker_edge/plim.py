@@ -25,11 +25,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from broker_edge.errors import EdgeError
+from schemas.control import QUOTA_CONTROL_PREFIX
 from schemas.payloads import LOG_EVENTS
 from schemas.usage import COUNTER_METRICS, GAUGE_METRICS
 
 QUOTA_STATES = ("ok", "warn", "blocked")
-CONTROL_PREFIX = "$control/quota/"
+CONTROL_PREFIX = QUOTA_CONTROL_PREFIX  # $control/quota/{tenant}
 
 
 class QuotaDecisionError(EdgeError):

@@ -29,6 +29,12 @@ from broker_edge.plim import (
     quota_event,
 )
 from broker_edge.tenants import ALLOW_ALL, OPERATOR_TENANT, Limits, TenantsConfig
+from schemas.control import (
+    JOURNAL_CONTROL_PREFIX,
+    ControlMessageError,
+    JournalCommitted,
+    journal_control_topic,
+)
 from schemas.journal import DEFAULT_TENANT
 from schemas.usage import GAUGE_METRICS
 
@@ -53,6 +59,7 @@ class Tenancy:
         # Tenants whose last report was all zeros: their next all-zero report is skipped.
         self._counter_quiet: set[str] = set()
         self._logging = False
+        self._journal_topic = journal_control_topic(broker.settings.node_id)
 
     # -- identity --------------------------------------------------------------------------
 
@@ -136,7 +143,7 @@ class Tenancy:
         topic = packet.topic
         if topic[0] == "$":
             # "$" topics are the platform's; only the operator may publish quota decisions.
-            if not (conn.operator and topic.startswith(CONTROL_PREFIX)):
+            if not (conn.operator and topic.startswith((CONTROL_PREFIX, JOURNAL_CONTROL_PREFIX))):
                 self.log(
                     conn.tenant, "acl_denied", conn.client_id, {"action": "publish", "topic": topic}
                 )
@@ -220,6 +227,20 @@ class Tenancy:
             target = topic[len(CONTROL_PREFIX) :]
             if target and "/" not in target:
                 self.apply_quota(target, payload)
+        elif tenant == OPERATOR_TENANT and topic == self._journal_topic:
+            self.apply_journal_committed(payload)
+
+    def apply_journal_committed(self, payload: bytes) -> None:
+        """``$control/journal/{this node}``: the lake committed this node's journal up to a
+        seq; retention may delete segments at or below it (see broker_edge.durability)."""
+        if not payload:
+            return  # the retained message was cleared: keep the last known value
+        try:
+            committed = JournalCommitted.parse(payload)
+        except ControlMessageError as exc:
+            log.warning("journal commit notice ignored: %s", exc)
+            return
+        self.broker.journal_committed(committed.committed_seq)
 
     # -- log events and counters -------------------------------------------------------------
 

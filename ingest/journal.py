@@ -49,8 +49,10 @@ reader returns is CRC-checked.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import errno
 import fcntl
+import itertools
 import logging
 import os
 import re
@@ -88,6 +90,33 @@ _USER_PROPERTY_TYPE = JOURNAL_SCHEMA.field("user_properties").type.value_type
 
 class JournalError(Exception):
     """Root of the journal's errors."""
+
+
+class JournalWriteError(JournalError):
+    """Writing or syncing a frame failed (ENOSPC, EIO, EFBIG...): nothing of it is durable.
+
+    The writer is *failed* until :meth:`JournalWriter.recover` succeeds; ``errno`` is the
+    operating system's error number.
+    """
+
+    def __init__(self, message: str, errno_: int | None) -> None:
+        super().__init__(message)
+        self.errno = errno_
+
+
+class JournalGapError(JournalError):
+    """A reader asked for records that retention (or a person) already removed."""
+
+    def __init__(self, node_dir: Path, first: int, last: int, oldest: int) -> None:
+        super().__init__(
+            f"journal of node {node_dir.name!r}: seqs {first}..{last} were removed from "
+            f"{node_dir} (its oldest segment starts at seq {oldest}); the reader's offset "
+            "points before the journal's retention"
+        )
+        self.node = node_dir.name
+        self.first = first
+        self.last = last
+        self.oldest = oldest
 
 
 class JournalCorruptError(JournalError):
@@ -131,6 +160,40 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+class FileOps:
+    """The writer's file layer: every call that can fail with a full or broken disk.
+
+    The one seam where tests inject ``ENOSPC``/``EIO`` on write and on sync (subclass and
+    override); the writer never calls these ``os`` functions any other way.
+    """
+
+    def open(self, path: Path, flags: int, mode: int = 0o644) -> int:
+        return os.open(path, flags, mode)
+
+    def write(self, fd: int, data: memoryview | bytes) -> int:
+        return os.write(fd, data)
+
+    def datasync(self, fd: int) -> None:
+        _datasync(fd)
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def truncate(self, fd: int, size: int) -> None:
+        os.ftruncate(fd, size)
+
+    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+        return os.pwrite(fd, data, offset)
+
+    def free_bytes(self, path: Path) -> int:
+        """Bytes an unprivileged writer may still use on ``path``'s filesystem."""
+        st = os.statvfs(path)
+        return st.f_bavail * st.f_frsize
+
+
+OS_FILES = FileOps()
 
 
 # --- frame scanning, shared by writer recovery and the reader -----------------------------------
@@ -349,7 +412,16 @@ def _user_properties_column(values: list[tuple[tuple[str, str], ...]], n: int) -
 
 
 class JournalWriter:
-    """Appends records for one node. See the module docstring for the threading contract."""
+    """Appends records for one node. See the module docstring for the threading contract.
+
+    Failures: a write or sync error makes :meth:`commit` raise :class:`JournalWriteError` and
+    leaves the writer *failed*: nothing of that frame is durable, and the file's state past
+    the last durable frame is unknown (a failed fsync may have dropped dirty pages, a short
+    write left half a frame). The owner then drops the records it had buffered
+    (:meth:`discard_buffered`: their seqs are given out again) and calls :meth:`recover`
+    until it succeeds: it reopens the segment, cuts it back to the end of the last durable
+    frame, removes any segment started after it, and syncs that state before the next frame.
+    """
 
     def __init__(
         self,
@@ -361,6 +433,7 @@ class JournalWriter:
         segment: tuple[int, Path] | None,
         segment_bytes: int,
         fsync: bool,
+        files: FileOps = OS_FILES,
     ) -> None:
         # Use JournalWriter.open(); this only wires up already-recovered state.
         self._dir = node_dir
@@ -368,17 +441,24 @@ class JournalWriter:
         self._lock_fd = lock_fd
         self._segment_bytes = segment_bytes
         self._fsync = fsync
+        self._files = files
         self._next_seq = next_seq
         self._durable_seq = next_seq - 1
         self._values: list[Any] = []  # see _RECORD_FIELDS
         self._fd: int | None = None
+        self._path: Path | None = None  # the segment _fd appends to
         self._size = 0
+        # Where the last durable frame ends: (segment, its size then). recover() cuts back here.
+        self._durable_at: tuple[Path, int] | None = None
         self._failed: BaseException | None = None
         if segment is not None:
             _, path = segment
-            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+            self._fd = files.open(path, os.O_WRONLY | os.O_APPEND)
+            self._path = path
             self._size = os.fstat(self._fd).st_size
-        self._durable_fd = os.open(node_dir / DURABLE_FILE, os.O_WRONLY | os.O_CREAT, 0o644)
+            self._durable_at = (path, self._size)
+        self._bytes = sum(_file_size(p) for _, p in list_segments(node_dir))
+        self._durable_fd = files.open(node_dir / DURABLE_FILE, os.O_WRONLY | os.O_CREAT, 0o644)
         # What survived recovery is what is on disk: durable from here on.
         self._publish_durable()
 
@@ -390,6 +470,7 @@ class JournalWriter:
         *,
         segment_bytes: int = 64 * 2**20,
         fsync: bool = True,
+        files: FileOps = OS_FILES,
     ) -> JournalWriter:
         if not _NODE_NAME.match(node):
             raise ValueError(f"invalid node name {node!r}: use letters, digits, '_', '-', '.'")
@@ -418,6 +499,7 @@ class JournalWriter:
                 segment=segment,
                 segment_bytes=segment_bytes,
                 fsync=fsync,
+                files=files,
             )
         except BaseException:
             os.close(lock_fd)
@@ -428,6 +510,10 @@ class JournalWriter:
         return self._node
 
     @property
+    def node_dir(self) -> Path:
+        return self._dir
+
+    @property
     def next_seq(self) -> int:
         """The seq the next append() will get."""
         return self._next_seq
@@ -436,6 +522,20 @@ class JournalWriter:
     def durable_seq(self) -> int:
         """Every seq up to and including this one is durable (0: none)."""
         return self._durable_seq
+
+    @property
+    def failed(self) -> BaseException | None:
+        """The error that failed the writer, until :meth:`recover` succeeds."""
+        return self._failed
+
+    @property
+    def bytes_on_disk(self) -> int:
+        """Bytes of every segment file of this node (the journal's share of the disk)."""
+        return self._bytes
+
+    def free_bytes(self) -> int:
+        """Bytes still free for the journal on its filesystem."""
+        return self._files.free_bytes(self._dir)
 
     def append(
         self,
@@ -470,10 +570,24 @@ class JournalWriter:
         self._values = []
         return PendingFrame(self._node, self._next_seq - count, count, values)
 
+    def discard_buffered(self) -> int:
+        """After a failed commit: drop every buffered record and give their seqs out again
+        (the next append gets ``durable_seq + 1``). Returns how many records were dropped."""
+        dropped = self._next_seq - 1 - self._durable_seq
+        self._values = []
+        self._next_seq = self._durable_seq + 1
+        return dropped
+
     def commit(self, frame: PendingFrame) -> int:
-        """Write ``frame`` durably; return the last seq now durable. Safe in a worker thread."""
+        """Write ``frame`` durably; return the last seq now durable. Safe in a worker thread.
+
+        Raises :class:`JournalWriteError` when the disk refuses it (see the class docstring).
+        """
         if self._failed is not None:
-            raise JournalError("journal writer failed earlier; reopen it") from self._failed
+            raise JournalWriteError(
+                f"journal writer in {self._dir} failed earlier ({self._failed}); recover() first",
+                getattr(self._failed, "errno", None),
+            )
         if frame.first_seq != self._durable_seq + 1:
             raise JournalError(
                 f"commit out of order: frame starts at seq {frame.first_seq}, "
@@ -489,21 +603,107 @@ class JournalWriter:
             if self._fsync:
                 # fdatasync: the data and the file size (what reading it back needs), not the
                 # timestamps; the segment's name was made durable when it was created (_roll).
-                _datasync(self._fd)
+                self._files.datasync(self._fd)
+            self._publish_durable(frame.last_seq)
         except OSError as exc:
-            # After a failed write or fsync the file state is unknown (and a failed fsync may
-            # have dropped dirty pages): stop, let open() recover.
-            self._failed = exc
-            raise JournalError(f"journal write failed in {self._dir}: {exc}") from exc
+            self._fail(exc, frame)
+            raise JournalWriteError(
+                f"journal write failed in {self._dir}: {exc}", exc.errno
+            ) from exc
+        assert self._path is not None
         self._size += len(data)
+        self._bytes += len(data)
         self._durable_seq = frame.last_seq
-        self._publish_durable()
+        self._durable_at = (self._path, self._size)
         return self._durable_seq
 
-    def _publish_durable(self) -> None:
+    def _fail(self, exc: OSError, frame: PendingFrame) -> None:
+        # After a failed write or fsync the file state is unknown (and a failed fsync may
+        # have dropped dirty pages): nothing of this frame counts, recover() cuts it away.
+        self._failed = exc
+        logger.error(
+            "journal %s: frame of seqs %d..%d not written: %s",
+            self._dir,
+            frame.first_seq,
+            frame.last_seq,
+            exc,
+        )
+
+    def recover(self) -> None:
+        """Make the files end at the last durable frame again; the writer is usable after.
+
+        Raises ``OSError`` when the disk still refuses (the writer stays failed: call again).
+        """
+        if self._failed is None:
+            return
+        if self._fd is not None:
+            fd, self._fd, self._path = self._fd, None, None
+            with contextlib.suppress(OSError):
+                os.close(fd)  # a close after a failed write may report the same error again
+        # Segments started after the last durable frame hold nothing durable.
+        for first, path in list_segments(self._dir):
+            if first > self._durable_seq and (
+                self._durable_at is None or path != self._durable_at[0]
+            ):
+                path.unlink()
+                logger.warning(
+                    "journal %s: removed %s (nothing in it was durable)", self._dir, path
+                )
+        _fsync_dir(self._dir)
+        if self._durable_at is not None:
+            path, durable_size = self._durable_at
+            fd = self._files.open(path, os.O_WRONLY | os.O_APPEND)
+            try:
+                before = os.fstat(fd).st_size
+                if before != durable_size:
+                    self._files.truncate(fd, durable_size)
+                    logger.warning(
+                        "journal %s: cut %d bytes after the last durable frame (seq %d)",
+                        path,
+                        before - durable_size,
+                        self._durable_seq,
+                    )
+                if self._fsync:
+                    self._files.fsync(fd)
+            except BaseException:
+                os.close(fd)
+                raise
+            self._fd, self._path, self._size = fd, path, durable_size
+        self._bytes = sum(_file_size(p) for _, p in list_segments(self._dir))
+        self._publish_durable()
+        self._failed = None
+        logger.warning("journal %s: recovered at durable seq %d", self._dir, self._durable_seq)
+
+    def remove_committed(self, committed_seq: int, min_age: float, now: float) -> list[Path]:
+        """Retention: delete the oldest sealed segments whose every record is at most
+        ``committed_seq`` and whose last write is at least ``min_age`` seconds before ``now``
+        (wall clock). Never the segment being written, never a record past ``committed_seq``
+        or past the durable seq. Returns the removed paths, oldest first.
+        """
+        committed = min(committed_seq, self._durable_seq)
+        segments = list_segments(self._dir)
+        removed: list[Path] = []
+        for (_, path), (next_first, _) in itertools.pairwise(segments):
+            if path == self._path or next_first - 1 > committed:
+                break  # the rest are newer: not committed yet either
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue
+            if now - st.st_mtime < min_age:
+                break
+            path.unlink()
+            self._bytes -= st.st_size
+            removed.append(path)
+        if removed:
+            _fsync_dir(self._dir)
+        return removed
+
+    def _publish_durable(self, durable_seq: int | None = None) -> None:
         """Let readers see every seq up to ``durable_seq`` (see the module docstring)."""
-        seq = self._durable_seq.to_bytes(8, "little")
-        os.pwrite(self._durable_fd, _DURABLE.pack(self._durable_seq, zlib.crc32(seq)), 0)
+        durable = self._durable_seq if durable_seq is None else durable_seq
+        seq = durable.to_bytes(8, "little")
+        self._files.pwrite(self._durable_fd, _DURABLE.pack(durable, zlib.crc32(seq)), 0)
 
     def flush(self) -> int:
         """drain() + commit() in the calling thread; returns the durable seq."""
@@ -515,7 +715,8 @@ class JournalWriter:
     def close(self) -> None:
         """Close the files. Records appended but not committed are dropped."""
         if self._fd is not None:
-            os.close(self._fd)
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
             self._fd = None
         if self._durable_fd >= 0:
             os.close(self._durable_fd)
@@ -533,9 +734,9 @@ class JournalWriter:
     def _write_all(self, data: bytearray) -> None:
         assert self._fd is not None
         view = memoryview(data)
-        # One os.write per frame; the loop only runs again on a short write (e.g. disk full).
+        # One write per frame; the loop only runs again on a short write (e.g. disk full).
         while view:
-            written = os.write(self._fd, view)
+            written = self._files.write(self._fd, view)
             view = view[written:]
 
     def _roll(self, first_seq: int) -> None:
@@ -543,13 +744,22 @@ class JournalWriter:
             os.close(self._fd)
             self._fd = None
         path = self._dir / segment_name(first_seq)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
-        self._fd = fd
-        os.write(fd, FILE_HEADER)
-        if self._fsync:
-            os.fsync(fd)
-            _fsync_dir(self._dir)
+        fd = self._files.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        self._fd, self._path, self._size = fd, path, 0
+        if self._files.write(fd, FILE_HEADER) != len(FILE_HEADER):
+            raise OSError(errno.ENOSPC, "short write of a segment header")
         self._size = len(FILE_HEADER)
+        self._bytes += len(FILE_HEADER)
+        if self._fsync:
+            self._files.fsync(fd)
+            _fsync_dir(self._dir)
+
+
+def _file_size(path: Path) -> int:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0
 
 
 _datasync = getattr(os, "fdatasync", os.fsync)  # fdatasync is POSIX, not on macOS
@@ -696,6 +906,18 @@ class JournalReader:
         written = frames[-1].last_seq if frames else first_seq - 1
         return written if durable is None else min(written, durable)
 
+    def first_seq(self) -> int | None:
+        """The seq of the oldest record still in the journal (None: no segment yet)."""
+        segments = list_segments(self._dir)
+        return segments[0][0] if segments else None
+
+    def check_available(self, after_seq: int) -> None:
+        """Raise :class:`JournalGapError` when records after ``after_seq`` were removed: a
+        reader at that offset would otherwise have to skip them."""
+        oldest = self.first_seq()
+        if oldest is not None and after_seq + 1 < oldest:
+            raise JournalGapError(self._dir, after_seq + 1, oldest - 1, oldest)
+
     def read(self, after_seq: int, upto_seq: int) -> Iterator[pa.RecordBatch]:
         """Yield exactly the records with ``after_seq < seq <= upto_seq``, CRC-checked.
 
@@ -709,14 +931,21 @@ class JournalReader:
         firsts = [first for first, _ in segments]
         # The segment holding `wanted` is the last one starting at or before it.
         index = bisect.bisect_right(firsts, wanted) - 1
+        if index < 0 and firsts:
+            raise JournalGapError(self._dir, wanted, firsts[0] - 1, firsts[0])
         if index < 0:
             raise JournalError(f"{self._dir}: seqs {wanted}..{upto_seq} are not in the journal")
         for i in range(index, len(segments)):
             first_seq, path = segments[i]
-            frames = self._frames(first_seq, path, closed=i < len(segments) - 1, upto=upto_seq)
-            for batch in _read_frames(path, frames, wanted, upto_seq):
-                wanted += batch.num_rows
-                yield batch
+            try:
+                frames = self._frames(first_seq, path, closed=i < len(segments) - 1, upto=upto_seq)
+                for batch in _read_frames(path, frames, wanted, upto_seq):
+                    wanted += batch.num_rows
+                    yield batch
+            except FileNotFoundError:
+                # Retention removed the segment since it was listed: those seqs are gone.
+                oldest = self.first_seq() or first_seq
+                raise JournalGapError(self._dir, wanted, max(wanted, oldest - 1), oldest) from None
             if wanted > upto_seq:
                 return
         raise JournalError(f"{self._dir}: seqs {wanted}..{upto_seq} are not in the journal (yet)")

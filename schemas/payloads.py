@@ -29,6 +29,9 @@ LOG_EVENTS = frozenset(
         "quota_warn",
         "quota_blocked",
         "quota_cleared",
+        "journal_full",
+        "journal_error",
+        "journal_resumed",
     }
 )
 
