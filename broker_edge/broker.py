@@ -49,7 +49,7 @@ from broker_edge.tenants import OPERATOR_TENANT, TenantsConfig
 from broker_edge.topics import parse_subscription_filter
 from broker_edge.trie import TopicTrie
 from schemas.control import JOURNAL_CONTROL_PREFIX
-from schemas.journal import DEFAULT_TENANT
+from schemas.names import DEFAULT_TENANT
 
 log = logging.getLogger(__name__)
 

@@ -145,10 +145,9 @@ class EdgeNode:
         replayed = 0
         if last_seq > after:
             reader = JournalReader(settings.journal_root / settings.node_id)
-            for batch in reader.read(after, last_seq):
-                for row in batch.to_pylist():
-                    broker.replay(_message_from_row(row))
-                    replayed += 1
+            for row in reader.read_records(after, last_seq):  # without pyarrow (issue 9)
+                broker.replay(_message_from_row(row))
+                replayed += 1
         self._snapshot_seq = last_seq
         log.info(
             "restored %d persistent session(s), %d retained message(s); replayed %d journal "
@@ -294,14 +293,13 @@ class EdgeNode:
 
 
 def _message_from_row(row: dict[str, Any]) -> Message:
-    """A journal record (JOURNAL_SCHEMA row) back into a Message, for replay."""
+    """A journal record (JOURNAL_SCHEMA row, ``ts`` in microseconds) back into a Message."""
     from broker_edge.packets import NO_PROPERTIES, Properties
 
     props = NO_PROPERTIES
     user_properties = tuple((p["key"], p["value"]) for p in row["user_properties"] or ())
     if row["content_type"] is not None or user_properties:
         props = Properties(content_type=row["content_type"], user_properties=user_properties)
-    ts = row["ts"]
     return Message(
         row["tenant"],
         row["topic"],
@@ -309,7 +307,7 @@ def _message_from_row(row: dict[str, Any]) -> Message:
         QoS(row["qos"]),
         row["retain"],
         row["client_id"],
-        int(ts.timestamp() * 1_000_000),
+        row["ts"],  # microseconds since the epoch (JournalReader.read_records)
         props,
         row["seq"],
     )

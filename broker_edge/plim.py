@@ -26,8 +26,7 @@ from typing import Any
 
 from broker_edge.errors import EdgeError
 from schemas.control import QUOTA_CONTROL_PREFIX
-from schemas.payloads import LOG_EVENTS
-from schemas.usage import COUNTER_METRICS, GAUGE_METRICS
+from schemas.names import COUNTER_METRICS, GAUGE_METRICS, LOG_EVENTS
 
 QUOTA_STATES = ("ok", "warn", "blocked")
 CONTROL_PREFIX = QUOTA_CONTROL_PREFIX  # $control/quota/{tenant}

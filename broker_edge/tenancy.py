@@ -35,8 +35,7 @@ from schemas.control import (
     JournalCommitted,
     journal_control_topic,
 )
-from schemas.journal import DEFAULT_TENANT
-from schemas.usage import GAUGE_METRICS
+from schemas.names import DEFAULT_TENANT, GAUGE_METRICS
 
 if TYPE_CHECKING:
     from broker_edge.broker import Broker

@@ -8,25 +8,12 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from schemas.names import COUNTER_KINDS as COUNTER_KINDS  # noqa: PLC0414 (re-exported)
+from schemas.names import COUNTER_METRICS as COUNTER_METRICS  # noqa: PLC0414 (re-exported)
+from schemas.names import COUNTERS_TOPIC_PREFIX as COUNTERS_TOPIC_PREFIX  # noqa: PLC0414 (re-exported)
+from schemas.names import GAUGE_METRICS as GAUGE_METRICS  # noqa: PLC0414 (re-exported)
+
 _TS = pa.timestamp("us", tz="UTC")
-
-COUNTERS_TOPIC_PREFIX = "$counters/"
-"""Edges publish each tenant's usage on ``$counters/{metric}`` in the tenant's namespace."""
-
-COUNTER_KINDS = ("counter", "gauge")
-
-# The metrics every edge reports per tenant (``broker_edge.plim.counter_messages``); the gauges
-# among them report a current value, the others (counters) what they grew by.
-COUNTER_METRICS = (
-    "messages_in",
-    "messages_out",
-    "bytes_in",
-    "bytes_out",
-    "sessions",
-    "subscriptions",
-    "retained",
-)
-GAUGE_METRICS = frozenset({"sessions", "subscriptions", "retained"})
 
 # The JSON payload on ``$counters/{metric}`` (see broker_edge.plim.counter_messages). ``delta``
 # is what a counter grew by during the interval; ``total`` is the node's running total, or a

@@ -241,9 +241,11 @@ def test_a_reader_before_the_oldest_segment_gets_a_gap_error(tmp_path: Path) -> 
         durable = w.durable_seq
     reader = JournalReader(tmp_path / NODE)
     with pytest.raises(JournalGapError) as gap:
-        list(reader.read(5, durable))
-    assert (gap.value.node, gap.value.first, gap.value.last) == (NODE, 6, firsts[2] - 1)
-    assert f"seqs 6..{firsts[2] - 1} were removed" in str(gap.value)
+        list(reader.read(0, durable))
+    assert (gap.value.node, gap.value.first, gap.value.last) == (NODE, 1, firsts[2] - 1)
+    assert f"seqs 1..{firsts[2] - 1} were removed" in str(gap.value)
+    with pytest.raises(JournalGapError):
+        list(reader.read_records(0, durable))  # the edge's reader says the same
     reader.check_available(firsts[2] - 1)  # right at the edge: fine
     with pytest.raises(JournalGapError, match=f"node '{NODE}'"):
         reader.check_available(0)
