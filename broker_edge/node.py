@@ -188,10 +188,17 @@ class EdgeNode:
         # must not serve the previous run's numbers.
         retained = [m for m in broker.retained_messages() if not m.topic.startswith("$SYS/")]
         data = store.encode(seq, broker.persistent_sessions(), retained)
-        while committer.durable_seq < seq and committer.failure is None and not committer.closed:
+        while (
+            committer.durable_seq < seq
+            and committer.failure is None
+            and committer.status.state != "error"
+            and not committer.closed
+        ):
             await asyncio.sleep(0.005)
         if committer.durable_seq < seq:
-            return  # the journal failed or closed before this state was durable: no snapshot
+            # The journal failed or closed before this state was durable: no snapshot (while
+            # it fails, the records it covers were dropped and their seqs will be reused).
+            return
         await asyncio.get_running_loop().run_in_executor(
             None, store.write_encoded, self.snapshot_path, data
         )
