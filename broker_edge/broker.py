@@ -512,7 +512,8 @@ class Broker:
         usage.bytes_in += size
         seq = self._accept(conn.tenant, conn.client_id, packet, conn)
         conn.turn_bytes += size + len(packet.topic) + RECORD_OVERHEAD  # see Connection.end_turn
-        conn.turn_seq = seq
+        if seq:  # 0: not journaled (the lake's commit notice), nothing to wait for
+            conn.turn_seq = seq
         return seq
 
     def _accept(

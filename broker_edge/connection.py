@@ -288,7 +288,13 @@ class Connection:
             return
         self.turn_bytes = 0
         self.journal_bytes += pending
-        self.broker.journal.after_durable(self.turn_seq, lambda: self._journaled(pending))
+
+        def journaled() -> None:
+            self._journaled(pending)
+
+        # Released when durable, or when the journal failed their frame and dropped them
+        # (refused): either way they no longer wait for the journal.
+        self.broker.journal.after_durable(self.turn_seq, journaled, journaled)
         if self.journal_bytes > self.broker.settings.max_journal_backlog_bytes_per_client:
             self.pause(PAUSED_BY_BACKLOG)
 
