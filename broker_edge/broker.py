@@ -198,7 +198,6 @@ class Broker:
         # the connections that made them is held until ``sync_sessions`` made them durable.
         self.session_log: SessionLog | None = None
         self.held: set[Connection] = set()
-        self.appended_seq: Callable[[], int] = lambda: 0  # the journal's last appended seq
         self.request_session_sync: Callable[[], None] = _noop  # runs sync_sessions soon
         self._session_sync_requested = False
         # The journal's state (journal_status_changed): while journal_refusal is not 0 every
@@ -240,7 +239,8 @@ class Broker:
         session_log = self.session_log
         if session_log is None:
             return
-        record = {"op": op, "seq": self.appended_seq(), "t": session.tenant, "c": session.client_id}
+        seq = self.journal.appended_seq  # made after this journal record (see _restore)
+        record = {"op": op, "seq": seq, "t": session.tenant, "c": session.client_id}
         record.update(fields)
         session_log.append(record)
         if conn is not None:

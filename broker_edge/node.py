@@ -98,7 +98,6 @@ class EdgeNode:
         # Changes to persistent sessions from now on: durable before their CONNACK/SUBACK.
         session_log = sessionlog.SessionLog(self.state_dir, fsync=settings.journal_fsync)
         self._session_log = broker.session_log = session_log
-        broker.appended_seq = lambda: committer.appended_seq
 
         def request_session_sync() -> None:
             # After this loop iteration's reads: one sync covers every change they made.
