@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from broker_edge import sessionlog
 from broker_edge.codec import encode_publish
 from broker_edge.connection import PAUSED_BY_JOURNAL, RECORD_OVERHEAD, Connection, ConnState
 from broker_edge.durability import JournalStatus
@@ -245,6 +246,9 @@ class Broker:
         session_log.append(record)
         if conn is not None:
             self.held.add(conn)
+        self._want_session_sync()
+
+    def _want_session_sync(self) -> None:
         if not self._session_sync_requested:
             self._session_sync_requested = True
             self.request_session_sync()
@@ -588,6 +592,11 @@ class Broker:
         previous = self.journal_status
         self.journal_status = status
         self.journal_refusal = status.reason_code
+        if status.state == "error" and self.session_log is not None:
+            # The journal dropped what followed its last durable record and gives those seqs
+            # out again: the session changes logged with them came after that record.
+            self.session_log.append({"op": sessionlog.CUT, "seq": self.journal.appended_seq})
+            self._want_session_sync()
         details: dict[str, object] = {"state": status.state}
         if status.state == "error":
             details["error"] = status.error[:300]

@@ -162,7 +162,7 @@ class EdgeNode:
         # Session changes after the snapshot, interleaved with the journal by seq: a record
         # made after journal record s is applied before record s + 1 is routed.
         changes = await loop.run_in_executor(
-            None, lambda: list(sessionlog.read(self.state_dir, log_since))
+            None, lambda: sessionlog.cut_back(sessionlog.read(self.state_dir, log_since))
         )
         pending = iter(changes)
         change = next(pending, None)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
+from broker_edge import sessionlog
 from broker_edge.broker import Broker
 from broker_edge.codec import Decoder, encode
 from broker_edge.connection import Connection, ConnState
@@ -25,6 +26,7 @@ from broker_edge.packets import (
     Subscribe,
     Subscription,
 )
+from broker_edge.sessionlog import SessionLog
 from broker_edge.settings import EdgeSettings
 
 
@@ -415,6 +417,22 @@ def test_v5_publishes_refused_while_the_journal_refuses(broker, journal, state, 
     broker.flush_dirty()
     assert peer.replies() == [Puback(packet_id=3)]
     assert journal.records[-2]["topic"] == "$log/journal/journal_resumed"
+
+
+def test_a_failed_frame_is_logged_as_a_cut_back_in_the_session_log(broker, journal, tmp_path):
+    # Session changes logged after the dropped records' seqs must not be replayed after the
+    # records that reuse those seqs (broker_edge.sessionlog.cut_back).
+    broker.session_log = SessionLog(tmp_path, fsync=False)
+    syncs: list[bool] = []
+    broker.request_session_sync = lambda: syncs.append(True)
+    for i in range(3):
+        journal.append(1, "acme", "pub", f"t/{i}", 0, False, b"", None, ())
+    journal.durable = 1
+    journal.fail()  # the frame of records 2-3 failed: the next append gets seq 2 again
+    broker.journal_status_changed(_status("error"))
+    broker.session_log.close()
+    assert list(sessionlog.read(tmp_path, 0)) == [{"op": sessionlog.CUT, "seq": 1}]
+    assert syncs == [True]
 
 
 @pytest.mark.parametrize("state", ["full", "error"])
