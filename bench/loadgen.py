@@ -102,6 +102,7 @@ class LoadOptions:
     # subscribers (sent x fan-out - received, over all processes); None = unbounded.
     e2e_window: int | None = 20_000
     connect_concurrency: int = 64  # idle scenario: handshakes in progress per worker process
+    username: str | None = None  # CONNECT user name (an edgebus tenant token), None = none
 
     def __post_init__(self) -> None:
         if self.qos not in (0, 1):
@@ -244,9 +245,11 @@ class _Client(asyncio.Protocol):
         elif packet.type == wire.PacketType.SUBACK and self.suback and not self.suback.done():
             self.suback.set_result(wire.parse_suback(packet)[1])
 
-    async def handshake(self, client_id: str, timeout: float, keepalive: int = 0) -> None:
+    async def handshake(
+        self, client_id: str, timeout: float, keepalive: int = 0, username: str | None = None
+    ) -> None:
         assert self.transport is not None
-        self.transport.write(wire.connect(client_id, keepalive=keepalive))
+        self.transport.write(wire.connect(client_id, keepalive=keepalive, username=username))
         code = await asyncio.wait_for(self.connack, timeout)
         if code:
             raise LoadgenError(f"{client_id}: CONNACK return code {code}")
@@ -512,7 +515,7 @@ async def _connect(spec: _WorkerSpec, factory: Any, client_id: str) -> Any:
         loop.create_connection(factory, spec.host, spec.port), timeout
     )
     try:
-        await proto.handshake(client_id, timeout, spec.options.keepalive)
+        await proto.handshake(client_id, timeout, spec.options.keepalive, spec.options.username)
     except BaseException:
         if proto.transport is not None:
             proto.transport.abort()

@@ -88,11 +88,19 @@ def _packet(first_byte: int, body: bytes) -> bytes:
     return bytes((first_byte,)) + encode_remaining_length(len(body)) + body
 
 
-def connect(client_id: str, *, keepalive: int = 0, clean_session: bool = True) -> bytes:
-    """CONNECT with protocol name "MQTT", level 4 [MQTT-3.1.2-1/2]; keepalive 0 = none."""
-    flags = 0x02 if clean_session else 0x00
+def connect(
+    client_id: str,
+    *,
+    keepalive: int = 0,
+    clean_session: bool = True,
+    username: str | None = None,
+) -> bytes:
+    """CONNECT with protocol name "MQTT", level 4 [MQTT-3.1.2-1/2]; keepalive 0 = none; a user
+    name (an edgebus tenant token) follows the client id when given [MQTT-3.1.3-11]."""
+    flags = (0x02 if clean_session else 0x00) | (0x80 if username is not None else 0x00)
     body = encode_string("MQTT") + bytes((4, flags)) + keepalive.to_bytes(2, "big")
-    return _packet(0x10, body + encode_string(client_id))
+    user = encode_string(username) if username is not None else b""
+    return _packet(0x10, body + encode_string(client_id) + user)
 
 
 def connack(return_code: int = 0, *, session_present: bool = False) -> bytes:

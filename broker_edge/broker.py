@@ -21,8 +21,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from broker_edge import sessionlog
 from broker_edge.codec import encode_publish
 from broker_edge.connection import PAUSED_BY_JOURNAL, RECORD_OVERHEAD, Connection, ConnState
+from broker_edge.durability import JournalStatus
 from broker_edge.errors import ProtocolError
 from broker_edge.logtext import printable, truncated
 from broker_edge.message import Message
@@ -41,6 +43,7 @@ from broker_edge.packets import (
     RetainHandling,
     Subscription,
 )
+from broker_edge.plim import log_event
 from broker_edge.retained import RetainedStore
 from broker_edge.session import Outbound, OutState, Pending, Session
 from broker_edge.sessionlog import SessionLog, SessionLogError
@@ -50,7 +53,8 @@ from broker_edge.tenancy import EDGE_CLIENT_ID, Tenancy
 from broker_edge.tenants import OPERATOR_TENANT, TenantsConfig
 from broker_edge.topics import parse_subscription_filter
 from broker_edge.trie import TopicTrie
-from schemas.journal import DEFAULT_TENANT
+from schemas.names import DEFAULT_TENANT
+from schemas.topics import JOURNAL_CONTROL_TOPIC_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -83,12 +87,24 @@ class Journal(Protocol):
         /,
     ) -> int: ...
 
-    def after_durable(self, seq: int, callback: Callable[[], None]) -> None: ...
+    def after_durable(
+        self, seq: int, callback: Callable[[], None], refused: Callable[[], None] | None = None
+    ) -> None:
+        """``callback`` once ``seq`` is durable, or ``refused`` if its frame failed."""
+        ...
 
     @property
     def backlog(self) -> int:
         """Records appended and not yet durable."""
         ...
+
+    @property
+    def appended_seq(self) -> int:
+        """The seq of the newest record appended."""
+        ...
+
+    # What the lake has committed of this journal (retention deletes up to it).
+    lake_committed_seq: int
 
 
 @dataclass(slots=True)
@@ -183,9 +199,15 @@ class Broker:
         # the connections that made them is held until ``sync_sessions`` made them durable.
         self.session_log: SessionLog | None = None
         self.held: set[Connection] = set()
-        self.appended_seq: Callable[[], int] = lambda: 0  # the journal's last appended seq
         self.request_session_sync: Callable[[], None] = _noop  # runs sync_sessions soon
         self._session_sync_requested = False
+        # The journal's state (journal_status_changed): while journal_refusal is not 0 every
+        # client publish is refused with it (QoS 0: dropped and counted in journal_dropped).
+        self.journal_status = JournalStatus()
+        self.journal_refusal = 0
+        self.journal_dropped = 0  # QoS 0 publishes dropped while the journal refused
+        self.journal_refused = 0  # QoS 1/2 publishes refused (or their connection closed)
+        self.on_journal_status: Callable[[JournalStatus], None] = _ignore_status
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -218,11 +240,15 @@ class Broker:
         session_log = self.session_log
         if session_log is None:
             return
-        record = {"op": op, "seq": self.appended_seq(), "t": session.tenant, "c": session.client_id}
+        seq = self.journal.appended_seq  # made after this journal record (see _restore)
+        record = {"op": op, "seq": seq, "t": session.tenant, "c": session.client_id}
         record.update(fields)
         session_log.append(record)
         if conn is not None:
             self.held.add(conn)
+        self._want_session_sync()
+
+    def _want_session_sync(self) -> None:
         if not self._session_sync_requested:
             self._session_sync_requested = True
             self.request_session_sync()
@@ -490,7 +516,8 @@ class Broker:
         usage.bytes_in += size
         seq = self._accept(conn.tenant, conn.client_id, packet, conn)
         conn.turn_bytes += size + len(packet.topic) + RECORD_OVERHEAD  # see Connection.end_turn
-        conn.turn_seq = seq
+        if seq:  # 0: not journaled (the lake's commit notice), nothing to wait for
+            conn.turn_seq = seq
         return seq
 
     def _accept(
@@ -506,17 +533,23 @@ class Broker:
         topic = packet.topic
         qos = packet.qos
         retain = packet.retain
-        seq = self.journal.append(
-            ts_us,
-            tenant,
-            client_id,
-            topic,
-            qos,
-            retain,
-            packet.payload,
-            props.content_type,
-            props.user_properties,
-        )
+        if tenant == OPERATOR_TENANT and topic.startswith(JOURNAL_CONTROL_TOPIC_PREFIX):
+            # Not journaled: the pipeline sends one after each batch it commits, and a
+            # journaled one would be a new record, so a new batch, so a new notice, forever.
+            # The retained message is kept in the state snapshot; without it retention waits.
+            seq = 0
+        else:
+            seq = self.journal.append(
+                ts_us,
+                tenant,
+                client_id,
+                topic,
+                qos,
+                retain,
+                packet.payload,
+                props.content_type,
+                props.user_properties,
+            )
         message = Message(tenant, topic, packet.payload, qos, retain, client_id, ts_us, props, seq)
         ns = self.namespaces.get(tenant)
         if ns is None:
@@ -531,7 +564,68 @@ class Broker:
         return seq
 
     def after_durable(self, seq: int, conn: Connection, packet_id: int, qos: QoS) -> None:
-        self.journal.after_durable(seq, lambda: conn.ack_durable(packet_id, qos))
+        self.journal.after_durable(
+            seq,
+            lambda: conn.ack_durable(packet_id, qos),
+            lambda: conn.refuse_undurable(packet_id, qos),
+        )
+
+    def journal_committed(self, committed_seq: int) -> None:
+        """The lake has this node's records up to ``committed_seq``: retention may go there."""
+        journal = self.journal
+        appended = journal.appended_seq
+        if committed_seq > appended:
+            # Never from this journal (a lake of another journal under the same node name?):
+            # trusting it could delete records the lake does not have.
+            log.warning(
+                "journal commit notice for seq %d ignored: this journal ends at seq %d",
+                committed_seq,
+                appended,
+            )
+            return
+        journal.lake_committed_seq = max(journal.lake_committed_seq, committed_seq)
+
+    def journal_status_changed(self, status: JournalStatus) -> None:
+        """The journal started or stopped refusing publishes (see broker_edge.durability): from
+        now on ``Connection._on_publish`` refuses with ``journal_refusal``; the operator's
+        ``$log`` gets ``journal_full`` / ``journal_error`` / ``journal_resumed``."""
+        previous = self.journal_status
+        self.journal_status = status
+        self.journal_refusal = status.reason_code
+        if status.state == "error" and self.session_log is not None:
+            # The journal dropped what followed its last durable record and gives those seqs
+            # out again: the session changes logged with them came after that record.
+            self.session_log.append({"op": sessionlog.CUT, "seq": self.journal.appended_seq})
+            self._want_session_sync()
+        details: dict[str, object] = {"state": status.state}
+        if status.state == "error":
+            details["error"] = status.error[:300]
+            if previous.state == "error" and previous.error == status.error:
+                # A retry failed the same way: the event was routed already; only put it back
+                # in the journal (the failed frame that held it was dropped), where it is the
+                # frame the next retry writes.
+                topic, payload = log_event(
+                    ts_us=self.wall_clock_us(),
+                    node=self.settings.node_id,
+                    tenant=OPERATOR_TENANT,
+                    client_id="",
+                    origin="journal",
+                    event="journal_error",
+                    details=details,
+                )
+                self.journal.append(
+                    self.wall_clock_us(), OPERATOR_TENANT, EDGE_CLIENT_ID, topic, 0, False,
+                    payload, None, (),
+                )  # fmt: skip
+            else:
+                self.tenancy.log(OPERATOR_TENANT, "journal_error", "", details, origin="journal")
+        elif status.state == "full" and previous.state != "full":
+            details["reason"] = status.full
+            self.tenancy.log(OPERATOR_TENANT, "journal_full", "", details, origin="journal")
+        elif status.state == "ok" and previous.state != "ok":
+            self.tenancy.log(OPERATOR_TENANT, "journal_resumed", "", details, origin="journal")
+        self.on_journal_status(status)
+        self.flush_dirty()
 
     def _route(
         self,
@@ -1002,4 +1096,8 @@ class Broker:
 
 
 def _noop() -> None:
+    pass
+
+
+def _ignore_status(status: JournalStatus) -> None:
     pass

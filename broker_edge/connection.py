@@ -58,6 +58,7 @@ from broker_edge.packets import (
 from broker_edge.plim import TenantUsage
 from broker_edge.tenants import ALLOW_ALL, Acl
 from broker_edge.topics import InvalidTopic, parse_subscription_filter, validate_topic_name
+from schemas.topics import JOURNAL_CONTROL_TOPIC_PREFIX
 
 if TYPE_CHECKING:
     from broker_edge.broker import Broker
@@ -287,7 +288,13 @@ class Connection:
             return
         self.turn_bytes = 0
         self.journal_bytes += pending
-        self.broker.journal.after_durable(self.turn_seq, lambda: self._journaled(pending))
+
+        def journaled() -> None:
+            self._journaled(pending)
+
+        # Released when durable, or when the journal failed their frame and dropped them
+        # (refused): either way they no longer wait for the journal.
+        self.broker.journal.after_durable(self.turn_seq, journaled, journaled)
         if self.journal_bytes > self.broker.settings.max_journal_backlog_bytes_per_client:
             self.pause(PAUSED_BY_BACKLOG)
 
@@ -522,6 +529,13 @@ class Connection:
                     return
                 self._ack_refused(packet, refusal)
                 return
+        if broker.journal_refusal and not (
+            # The lake's commit notice is not journaled, and it is what lets retention free
+            # a full journal: never refuse it.
+            self.operator and topic.startswith(JOURNAL_CONTROL_TOPIC_PREFIX)
+        ):
+            self._refuse_for_journal(packet, broker.journal_refusal)
+            return
         if self.rate:
             pause = broker.tenancy.take_token(self, now)
             if pause > 0 and not self.paused_for & PAUSED_BY_RATE:
@@ -605,6 +619,41 @@ class Connection:
             self.emit(b"\x40\x02" + packet_id.to_bytes(2, "big"))
         else:
             self.send(Pubrec(packet_id=packet_id))
+
+    def _refuse_for_journal(self, packet: Publish, reason: int) -> None:
+        """The journal is full or failing: nothing can be made durable, so nothing is taken.
+        QoS 0 is dropped and counted; QoS 1/2 is refused (MQTT 5, ``reason``), or, since 3.1.1
+        has no negative acknowledgement, the connection is closed and the client resends."""
+        broker = self.broker
+        if packet.qos == _QOS0:
+            broker.journal_dropped += 1
+            broker.stats.dropped += 1
+            return
+        broker.journal_refused += 1
+        if self.version == ProtocolVersion.MQTT_5:
+            self._ack_refused(packet, reason)
+        else:
+            self.close(None)
+
+    def refuse_undurable(self, packet_id: int, qos: QoS) -> None:
+        """The journal frame holding an inbound QoS 1/2 publish failed: it was not taken.
+        MQTT 5: PUBACK/PUBREC 0x80 (unspecified error) [MQTT-3.4.2.1]; 3.1.1: close (the
+        client resends after reconnecting, [MQTT-4.4.0-1])."""
+        if self.closing:
+            return
+        self.broker.journal_refused += 1
+        if self.version != ProtocolVersion.MQTT_5:
+            self.close(None)
+            return
+        if qos == QoS.AT_LEAST_ONCE:
+            self.inbound_unacked -= 1
+            self.send(Puback(packet_id=packet_id, reason_code=ReasonCode.UNSPECIFIED_ERROR))
+        else:
+            # A PUBREC >= 0x80 ends the exchange: no PUBREL follows [MQTT-4.3.3-4].
+            assert self.session is not None
+            self.session.awaiting_rel.discard(packet_id)
+            self.inbound_unacked -= 1
+            self.send(Pubrec(packet_id=packet_id, reason_code=ReasonCode.UNSPECIFIED_ERROR))
 
     def _ack_refused(self, packet: Publish, reason: int) -> None:
         """Acknowledge a refused QoS 1/2 publish: MQTT 5 with the reason code; 3.1.1 has no

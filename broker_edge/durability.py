@@ -16,6 +16,15 @@ finishes), draining at once would only make frames smaller and acknowledgements 
 each a write to every publisher: CPU the saturated loop does not have (a fan-in of 100 QoS 1
 publishers ran ~20 % slower that way). The thread then waits for that report, which wakes it.
 
+Disk trouble never leaves a publisher waiting (issue 9). A frame whose write or sync fails is
+handed to the loop (``_report_failure``), which drops it and every record buffered after it
+(their seqs are given out again), refuses their publishers (MQTT 5: reason 0x80; 3.1.1: the
+connection is closed) and refuses new publishes until the thread, retrying every second, has
+cut the journal back to its last durable frame and written and synced a frame again. The disk
+budget (``journal_max_bytes``, ``journal_min_free_bytes``) is checked after every commit and
+every second; over it, publishes are refused with 0x97 until retention (segments the lake has
+committed, older than ``journal_retention_hours``) frees space. ``on_state`` tells the broker.
+
 The thread only *reports*: ``call_soon_threadsafe`` schedules at most one report at a time, and
 the report reads the newest durable seq when it runs, so several commits finished while the loop
 was busy cost it one wakeup. The report releases every waiter whose seq is now durable (it
@@ -30,22 +39,60 @@ uncontended almost always (the thread holds it only to swap the buffer out).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from ingest.journal import JournalWriter
+from ingest.journal import JournalWriteError, JournalWriter
 
 log = logging.getLogger(__name__)
 
+# The commit thread wakes at least this often (seconds) to apply retention and the disk budget.
+MAINTENANCE_INTERVAL = 1.0
+# After a failed write or sync, the thread retries this often (seconds) until one succeeds.
+RETRY_INTERVAL = 1.0
+
+# MQTT 5 reason codes that refuse a publish the journal cannot take [MQTT-3.4.2.1].
+UNSPECIFIED_ERROR = 0x80
+QUOTA_EXCEEDED = 0x97
+
+
+@dataclass(frozen=True, slots=True)
+class JournalStatus:
+    """Whether the journal takes publishes: ``state`` is "ok", "full" (over its disk budget:
+    ``full`` says which) or "error" (writes fail: ``error`` says why; wins over full)."""
+
+    state: str = "ok"
+    full: str = ""
+    error: str = ""
+
+    @property
+    def reason_code(self) -> int:
+        if self.state == "error":
+            return UNSPECIFIED_ERROR
+        return QUOTA_EXCEEDED if self.state == "full" else 0
+
 
 class GroupCommitter:
-    def __init__(self, writer: JournalWriter) -> None:
+    def __init__(
+        self,
+        writer: JournalWriter,
+        *,
+        max_bytes: int = 0,
+        min_free_bytes: int = 0,
+        retention_seconds: float = 0.0,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
         self._writer = writer
         # Runs after each report released its waiters (the broker flushes its connections).
         self.on_commit: Callable[[], None] = _noop
-        self._waiters: deque[tuple[int, Callable[[], None]]] = deque()
+        # Runs on the loop when the journal starts or stops refusing (see ``refusing``).
+        self.on_state: Callable[[JournalStatus], None] = _ignore_status
+        self._waiters: deque[tuple[int, Callable[[], None], Callable[[], None] | None]] = deque()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._idle = True  # the thread found nothing to drain and waits (guarded by _lock)
@@ -57,8 +104,23 @@ class GroupCommitter:
         # Written by the thread, read by the report on the loop.
         self._committed_seq = writer.next_seq - 1
         self._report_scheduled = False
+        # Disk budget and retention (the thread applies them).
+        self._max_bytes = max_bytes
+        self._min_free = min_free_bytes
+        self._retention = retention_seconds
+        self._wall_clock = wall_clock
+        self._full_limit: str | None = None  # the limit reached, the thread's view
+        self._failure_handled = threading.Event()  # the loop dropped the failed records
+        self._retry = threading.Event()  # set only to cut a retry wait short (close)
+        # What the pipeline has committed of this node (set on the loop from $control).
+        self.lake_committed_seq = 0
+        # Written by the thread for $SYS.
+        self.bytes_on_disk = writer.bytes_on_disk
+        self.free_bytes = -1
+        self.segments_removed = 0
         # The event loop's view: every seq up to this one is durable and its waiters ran.
         self.durable_seq = writer.next_seq - 1
+        self.status = JournalStatus()
         self.failure: BaseException | None = None
         self.closed = False
 
@@ -70,6 +132,12 @@ class GroupCommitter:
     @property
     def appended_seq(self) -> int:
         return self._writer.next_seq - 1
+
+    @property
+    def refusing(self) -> int:
+        """0 while publishes may be taken; else the MQTT 5 reason code that refuses them:
+        0x80 while the journal fails, 0x97 while it is full (loop thread)."""
+        return self.status.reason_code
 
     def append(
         self,
@@ -112,11 +180,14 @@ class GroupCommitter:
                 self._idle = False
                 self._wake.set()
 
-    def after_durable(self, seq: int, callback: Callable[[], None]) -> None:
+    def after_durable(
+        self, seq: int, callback: Callable[[], None], refused: Callable[[], None] | None = None
+    ) -> None:
+        """``callback`` once ``seq`` is durable; ``refused`` instead if its frame failed."""
         if seq <= self.durable_seq:
             callback()
         else:
-            self._waiters.append((seq, callback))
+            self._waiters.append((seq, callback, refused))
 
     def start(self) -> None:
         loop = self._loop = asyncio.get_running_loop()
@@ -132,7 +203,7 @@ class GroupCommitter:
         assert loop is not None
         try:
             self._commit_until_stopped(loop)
-        except BaseException as exc:  # handed to the loop, which stops the node
+        except BaseException as exc:  # handed to the loop, which refuses publishes from now on
             loop.call_soon_threadsafe(self._thread_failed, exc)
         else:
             loop.call_soon_threadsafe(self._thread_done)
@@ -142,15 +213,25 @@ class GroupCommitter:
         lock = self._lock
         wake = self._wake
         while True:
-            wake.wait()
+            # Also wakes every second when idle: retention and the disk budget are applied
+            # while nothing is published (that is when a full journal waits for them).
+            wake.wait(MAINTENANCE_INTERVAL)
             wake.clear()
+            self._maintain(loop)
             while True:
                 with lock:
                     frame = writer.drain()
                     if frame is None:
                         self._idle = True
                         break
-                self._committed_seq = writer.commit(frame)
+                try:
+                    self._committed_seq = writer.commit(frame)
+                except JournalWriteError as exc:
+                    self._fail_and_retry(loop, exc)
+                    if self._stopping:
+                        return
+                    continue
+                self._check_space(loop)
                 with lock:
                     lagging = self._report_scheduled
                     if lagging:
@@ -165,6 +246,79 @@ class GroupCommitter:
                 loop.call_soon_threadsafe(self._report)
             if self._stopping:
                 return
+
+    def _maintain(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Retention (segments the lake has committed), then the disk budget."""
+        committed = self.lake_committed_seq
+        if committed > 0:
+            try:
+                removed = self._writer.remove_committed(
+                    committed, self._retention, self._wall_clock()
+                )
+            except OSError as exc:
+                log.warning("journal retention: %s", exc)
+                removed = []
+            if removed:
+                self.segments_removed += len(removed)
+                log.info(
+                    "journal retention: removed %d segment(s) committed up to seq %d (%s..%s)",
+                    len(removed),
+                    committed,
+                    removed[0].name,
+                    removed[-1].name,
+                )
+        self._check_space(loop)
+
+    def _check_space(self, loop: asyncio.AbstractEventLoop) -> None:
+        writer = self._writer
+        self.bytes_on_disk = used = writer.bytes_on_disk
+        limit = reason = None
+        if self._max_bytes and used >= self._max_bytes:
+            limit = "journal_max_bytes"
+            reason = f"journal holds {used} bytes, journal_max_bytes is {self._max_bytes}"
+        elif self._min_free:
+            try:
+                self.free_bytes = free = writer.free_bytes()
+            except OSError as exc:
+                log.warning("journal free space unknown: %s", exc)
+                free = self._min_free
+            if free < self._min_free:
+                limit = "journal_min_free_bytes"
+                reason = f"{free} bytes free, journal_min_free_bytes is {self._min_free}"
+        if limit != self._full_limit:  # reported when the limit reached changes, not the bytes
+            self._full_limit = limit
+            loop.call_soon_threadsafe(self._set_full, reason, used, self.free_bytes)
+
+    def _fail_and_retry(self, loop: asyncio.AbstractEventLoop, exc: BaseException) -> None:
+        """A frame failed: have the loop refuse its publishes, then retry every second until a
+        write and sync succeed (or the committer closes)."""
+        writer = self._writer
+        while True:
+            self._failure_handled.clear()
+            loop.call_soon_threadsafe(self._report_failure, exc)
+            self._failure_handled.wait()  # the loop dropped the buffered records
+            if self._stopping:
+                return
+            self._retry.wait(RETRY_INTERVAL)
+            if self._stopping:
+                return
+            self._maintain(loop)  # retention may be what frees the disk
+            try:
+                writer.recover()
+                with self._lock:
+                    frame = writer.drain()  # the journal_error event at least (broker)
+                if frame is not None:
+                    self._committed_seq = writer.commit(frame)
+            except (OSError, JournalWriteError) as err:
+                exc = err
+                continue
+            log.warning("journal writes again from seq %d", writer.next_seq)
+            with self._lock:
+                self._report_scheduled = True
+            loop.call_soon_threadsafe(self._report)
+            loop.call_soon_threadsafe(self._recovered)
+            self._check_space(loop)
+            return
 
     # -- event loop --------------------------------------------------------------------------
 
@@ -182,6 +336,47 @@ class GroupCommitter:
             self.on_commit()
         self._kick()  # a thread that waited for this report commits what came meanwhile
 
+    def _refuse_waiters(self) -> None:
+        waiters, self._waiters = self._waiters, deque()
+        for _, _, refused in waiters:
+            if refused is not None:
+                refused()
+
+    def _report_failure(self, exc: BaseException) -> None:
+        """The thread could not write a frame: its records, and every record buffered after
+        it, are dropped (their publishers refused), and publishes are refused until a retry
+        succeeds. Runs on the loop, where records are appended, so none slips in between."""
+        self._report()  # what was durable before the failure is acknowledged
+        with self._lock:
+            dropped = self._writer.discard_buffered()
+        self._refuse_waiters()
+        first = self.status.state != "error"
+        self.status = dataclasses.replace(self.status, state="error", error=str(exc))
+        if first:
+            log.error("journal failing, publishes refused (%d record(s) dropped): %s", dropped, exc)
+        try:
+            self.on_state(self.status)
+            self.on_commit()  # the refusals go out now
+        finally:
+            self._failure_handled.set()
+
+    def _recovered(self) -> None:
+        log.warning("journal recovered at seq %d: taking publishes again", self.durable_seq)
+        full = self.status.full
+        self.status = JournalStatus(state="full" if full else "ok", full=full)
+        self.on_state(self.status)
+
+    def _set_full(self, reason: str | None, used: int, free: int) -> None:
+        state = self.status.state
+        if state != "error":
+            state = "full" if reason else "ok"
+        if reason:
+            log.warning("journal full, publishes refused: %s", reason)
+        elif self.status.full:
+            log.info("journal below its budget again (%d bytes, %d free)", used, free)
+        self.status = dataclasses.replace(self.status, state=state, full=reason or "")
+        self.on_state(self.status)
+
     def _thread_done(self) -> None:
         try:
             self._report()
@@ -190,11 +385,16 @@ class GroupCommitter:
                 self._stopped.set_result(None)
 
     def _thread_failed(self, exc: BaseException) -> None:
-        # Nothing after the last durable seq may be acknowledged: stop the node loudly.
-        log.critical("journal commit failed: %s", exc)
+        # Our bug, not the disk's: nothing after the last durable seq may be acknowledged, and
+        # nothing more is committed. Refuse publishes (never leave them hanging) and say so.
+        log.critical("journal commit thread failed: %s", exc, exc_info=exc)
         self.failure = exc
         try:
             self._report()
+            self._refuse_waiters()
+            self.status = dataclasses.replace(self.status, state="error", error=repr(exc))
+            self.on_state(self.status)
+            self.on_commit()
         finally:
             if self._stopped is not None and not self._stopped.done():
                 self._stopped.set_exception(exc)
@@ -204,16 +404,24 @@ class GroupCommitter:
         appended after this returns are never committed (``closed`` tells the node)."""
         self._stopping = True
         self._wake.set()
+        self._retry.set()
+        self._failure_handled.set()
         try:
             if self._stopped is not None:
                 await self._stopped
             # Appended while the thread was finishing (closing connections log their
             # disconnect): commit those here.
             frame = self._writer.drain()  # on the loop, where append runs: no race
-            if frame is not None:
+            if frame is not None and self._writer.failed is None:
                 loop = asyncio.get_running_loop()
-                self._committed_seq = await loop.run_in_executor(None, self._writer.commit, frame)
+                try:
+                    self._committed_seq = await loop.run_in_executor(
+                        None, self._writer.commit, frame
+                    )
+                except JournalWriteError as exc:
+                    log.warning("journal: last %d record(s) not written: %s", frame.count, exc)
                 self._report()
+            self._refuse_waiters()
         finally:
             if self._thread is not None:
                 self._thread.join()
@@ -222,4 +430,8 @@ class GroupCommitter:
 
 
 def _noop() -> None:
+    pass
+
+
+def _ignore_status(status: JournalStatus) -> None:
     pass

@@ -17,7 +17,7 @@ from typing import Any
 
 from broker_edge import sessionlog, store
 from broker_edge.broker import Broker
-from broker_edge.durability import GroupCommitter
+from broker_edge.durability import GroupCommitter, JournalStatus
 from broker_edge.errors import ConfigError
 from broker_edge.listener import MqttProtocol
 from broker_edge.message import Message
@@ -25,7 +25,7 @@ from broker_edge.packets import QoS, ReasonCode
 from broker_edge.settings import EdgeSettings
 from broker_edge.sysstats import SysTree, installed_version, sample
 from broker_edge.tenants import load as tenants_load
-from ingest.journal import JournalReader, JournalWriter
+from ingest.journal import OS_FILES, FileOps, JournalReader, JournalWriter
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +35,16 @@ HOUSEKEEPING_INTERVAL = 1.0
 class EdgeNode:
     """``async with EdgeNode(settings) as node:`` serves MQTT on ``node.port`` until exit."""
 
-    def __init__(self, settings: EdgeSettings, tenants_file: Path | None = None) -> None:
+    def __init__(
+        self,
+        settings: EdgeSettings,
+        tenants_file: Path | None = None,
+        *,
+        journal_files: FileOps = OS_FILES,
+    ) -> None:
         self.settings = settings
         self.tenants_file = tenants_file
+        self._journal_files = journal_files  # the journal's file layer (tests inject faults)
         self.port = settings.port
         self._server: asyncio.Server | None = None
         self._committer: GroupCommitter | None = None
@@ -48,6 +55,7 @@ class EdgeNode:
         self.started_at = 0.0  # event loop time
         self.broker: Broker | None = None
         self._session_log: sessionlog.SessionLog | None = None
+        self._sys_tree = SysTree(installed_version())
 
     async def __aenter__(self) -> EdgeNode:
         await self.start()
@@ -71,18 +79,25 @@ class EdgeNode:
                 settings.node_id,
                 segment_bytes=settings.journal_segment_bytes,
                 fsync=settings.journal_fsync,
+                files=self._journal_files,
             ),
         )
         tenants = tenants_load(self.tenants_file) if self.tenants_file is not None else None
-        committer = GroupCommitter(writer)
+        committer = GroupCommitter(
+            writer,
+            max_bytes=settings.journal_max_bytes,
+            min_free_bytes=settings.journal_min_free_bytes,
+            retention_seconds=settings.journal_retention_hours * 3600,
+        )
         broker = Broker(settings, committer, tenants=tenants)
         committer.on_commit = broker.after_commit
+        committer.on_state = broker.journal_status_changed
+        broker.on_journal_status = self._journal_status_changed
         self.broker = broker
         await self._restore(broker, writer.next_seq - 1)
         # Changes to persistent sessions from now on: durable before their CONNACK/SUBACK.
         session_log = sessionlog.SessionLog(self.state_dir, fsync=settings.journal_fsync)
         self._session_log = broker.session_log = session_log
-        broker.appended_seq = lambda: committer.appended_seq
 
         def request_session_sync() -> None:
             # After this loop iteration's reads: one sync covers every change they made.
@@ -147,20 +162,19 @@ class EdgeNode:
         # Session changes after the snapshot, interleaved with the journal by seq: a record
         # made after journal record s is applied before record s + 1 is routed.
         changes = await loop.run_in_executor(
-            None, lambda: list(sessionlog.read(self.state_dir, log_since))
+            None, lambda: sessionlog.cut_back(sessionlog.read(self.state_dir, log_since))
         )
         pending = iter(changes)
         change = next(pending, None)
         replayed = 0
         if last_seq > after:
             reader = JournalReader(settings.journal_root / settings.node_id)
-            for batch in reader.read(after, last_seq):
-                for row in batch.to_pylist():
-                    while change is not None and change["seq"] < row["seq"]:
-                        broker.apply_session_record(change, now)
-                        change = next(pending, None)
-                    broker.replay(_message_from_row(row))
-                    replayed += 1
+            for row in reader.read_records(after, last_seq):  # without pyarrow (issue 9)
+                while change is not None and change["seq"] < row["seq"]:
+                    broker.apply_session_record(change, now)
+                    change = next(pending, None)
+                broker.replay(_message_from_row(row))
+                replayed += 1
         while change is not None:
             broker.apply_session_record(change, now)
             change = next(pending, None)
@@ -209,10 +223,17 @@ class EdgeNode:
         session_log = self._session_log
         generation = session_log.rotate() if session_log is not None else 0
         data = store.encode(seq, broker.persistent_sessions(), retained, generation)
-        while committer.durable_seq < seq and committer.failure is None and not committer.closed:
+        while (
+            committer.durable_seq < seq
+            and committer.failure is None
+            and committer.status.state != "error"
+            and not committer.closed
+        ):
             await asyncio.sleep(0.005)
         if committer.durable_seq < seq:
-            return  # the journal failed or closed before this state was durable: no snapshot
+            # The journal failed or closed before this state was durable: no snapshot (while
+            # it fails, the records it covers were dropped and their seqs will be reused).
+            return
         await asyncio.get_running_loop().run_in_executor(
             None, store.write_encoded, self.snapshot_path, data
         )
@@ -268,22 +289,31 @@ class EdgeNode:
     async def _publish_sys(self, interval: float) -> None:
         """Publish $SYS/broker/... at once, then every ``interval`` seconds (no drift)."""
         loop = asyncio.get_running_loop()
-        broker = self.broker
-        assert broker is not None
-        tree = SysTree(installed_version())
         deadline = loop.time()
         while True:
-            now = loop.time()
-            try:
-                uptime = int(now - self.started_at)
-                for topic, payload in tree.update(sample(broker, uptime), now):
-                    broker.publish_system(topic, payload)
-                broker.flush_dirty()
-            except Exception:
-                # Statistics are not worth the node: log our bug and try again next interval.
-                log.exception("$SYS update failed")
+            self._update_sys()
             deadline = max(deadline + interval, loop.time())
             await asyncio.sleep(deadline - loop.time())
+
+    def _update_sys(self) -> None:
+        broker = self.broker
+        assert broker is not None
+        now = asyncio.get_running_loop().time()
+        try:
+            uptime = int(now - self.started_at)
+            for topic, payload in self._sys_tree.update(
+                sample(broker, uptime, self._committer), now
+            ):
+                broker.publish_system(topic, payload)
+            broker.flush_dirty()
+        except Exception:
+            # Statistics are not worth the node: log our bug and try again next interval.
+            log.exception("$SYS update failed")
+
+    def _journal_status_changed(self, status: JournalStatus) -> None:
+        """The journal became full, failing or fine again: ``$SYS`` says so at once."""
+        if self._sys is not None:
+            self._update_sys()
 
     async def stop(self) -> None:
         """Stop accepting, close clients (MQTT 5: DISCONNECT 0x8B), flush the journal."""
@@ -313,14 +343,13 @@ class EdgeNode:
 
 
 def _message_from_row(row: dict[str, Any]) -> Message:
-    """A journal record (JOURNAL_SCHEMA row) back into a Message, for replay."""
+    """A journal record (JOURNAL_SCHEMA row, ``ts`` in microseconds) back into a Message."""
     from broker_edge.packets import NO_PROPERTIES, Properties
 
     props = NO_PROPERTIES
     user_properties = tuple((p["key"], p["value"]) for p in row["user_properties"] or ())
     if row["content_type"] is not None or user_properties:
         props = Properties(content_type=row["content_type"], user_properties=user_properties)
-    ts = row["ts"]
     return Message(
         row["tenant"],
         row["topic"],
@@ -328,7 +357,7 @@ def _message_from_row(row: dict[str, Any]) -> Message:
         QoS(row["qos"]),
         row["retain"],
         row["client_id"],
-        int(ts.timestamp() * 1_000_000),
+        row["ts"],  # microseconds since the epoch (JournalReader.read_records)
         props,
         row["seq"],
     )

@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from broker_edge.errors import EdgeError
-from schemas.payloads import LOG_EVENTS
+from schemas.names import COUNTER_METRICS, GAUGE_METRICS, LOG_EVENTS
 from schemas.topics import (
     CONTROL_TOPIC_PREFIX,
     DECISION_FIELDS,
@@ -33,10 +33,9 @@ from schemas.topics import (
     counter_topic,
     log_topic,
 )
-from schemas.usage import COUNTER_METRICS, GAUGE_METRICS
 
 QUOTA_STATES = DECISION_STATES
-CONTROL_PREFIX = CONTROL_TOPIC_PREFIX
+CONTROL_PREFIX = CONTROL_TOPIC_PREFIX  # $control/quota/{tenant}
 
 
 class QuotaDecisionError(EdgeError):

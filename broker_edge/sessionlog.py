@@ -13,6 +13,11 @@ restore can interleave the log with the journal replay: a record with seq ``s`` 
 before journal record ``s + 1``. A message published before a subscription is thus never queued
 for it, and one published after it always is.
 
+A journal whose frame failed drops its records after the last durable one and gives their seqs
+out again (``broker_edge.durability``). It then logs ``{"op": "cut", "seq": d}``: the changes
+logged before with a seq above ``d`` were made after record ``d`` and before any record that now
+has their seq, so the restore reads them as made after ``d`` (:func:`cut_back`).
+
 Files are ``sessions.{generation}.log`` in the node's state directory. A snapshot starts a new
 generation when it captures the state and names it; once the snapshot is durable the older
 generations are deleted. The restore applies every generation from the snapshot's on. A line
@@ -77,6 +82,26 @@ def read(directory: Path, since: int) -> Iterator[dict[str, Any]]:
                 raise SessionLogError(f"{path}: corrupt record at byte {pos}: not an object")
             yield record
             pos = end + 1
+
+
+CUT = "cut"  # the op of a journal cut-back record (no session: never applied itself)
+
+
+def cut_back(records: Iterator[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The session changes of ``records`` in order, each ``seq`` lowered to the durable seq of
+    a journal cut-back logged after it (see the module docstring); the cut records removed."""
+    changes: list[dict[str, Any]] = []
+    for record in records:
+        if record["op"] != CUT:
+            changes.append(record)
+            continue
+        durable = record["seq"]
+        # Seqs never decrease along the log once cut back: only the tail can be above it.
+        for change in reversed(changes):
+            if change["seq"] <= durable:
+                break
+            change["seq"] = durable
+    return changes
 
 
 class SessionLog:

@@ -22,6 +22,16 @@ class EdgeSettings:
     # Journal: fsync every group commit before acknowledging QoS 1/2 (the durable default).
     journal_fsync: bool = True
     journal_segment_bytes: int = 64 * 2**20
+    # Disk budget: at either limit the edge refuses publishes (MQTT 5: 0x97; 3.1.1 QoS 1/2:
+    # the connection is closed; QoS 0: dropped and counted) until retention frees space.
+    # journal_max_bytes: the node's segment files together; 0 = no limit.
+    journal_max_bytes: int = 10 * 2**30
+    # Free bytes the journal leaves on its filesystem; 0 = no limit.
+    journal_min_free_bytes: int = 2**30
+    # Retention: a sealed segment whose every record the lake has committed (the pipeline's
+    # retained $control/journal/{node}) is deleted once its last write is this old; 0 = as
+    # soon as it is committed.
+    journal_retention_hours: float = 24.0
     # Persistent sessions and retained messages: snapshot at most this often while publishes
     # flow (a crash replays the journal after the last snapshot), and within a second of any
     # change to a persistent session.
@@ -118,6 +128,14 @@ class EdgeSettings:
             self.max_inflight_messages <= 65_535,
             "edge.max_inflight_messages",
             f"must be <= 65535 (the MQTT 5 receive maximum), got {self.max_inflight_messages}",
+        )
+        for key in ("journal_max_bytes", "journal_min_free_bytes"):
+            value = getattr(self, key)
+            _require(value >= 0, f"edge.{key}", f"must be >= 0 (0: no limit), got {value}")
+        _require(
+            math.isfinite(self.journal_retention_hours) and self.journal_retention_hours >= 0,
+            "edge.journal_retention_hours",
+            f"must be a number of hours >= 0, got {self.journal_retention_hours}",
         )
         for key in (
             "max_queued_messages",

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from broker_edge.broker import Broker
+    from broker_edge.durability import GroupCommitter
 
 PREFIX = "$SYS/broker/"
 UPTIME = PREFIX + "uptime"
@@ -92,6 +93,16 @@ GAUGES: tuple[tuple[str, str], ...] = (
     ("store/messages/count", "store_count"),
     ("store/messages/bytes", "store_bytes"),
     ("messages/stored", "store_count"),  # Mosquitto's older name of store/messages/count
+    # The journal (edgebus only, issue 9): "ok" / "full" / "error", why, and its numbers.
+    ("journal/state", "journal_state"),
+    ("journal/reason", "journal_reason"),
+    ("journal/bytes", "journal_bytes"),
+    ("journal/free_bytes", "journal_free_bytes"),
+    ("journal/durable_seq", "journal_durable_seq"),
+    ("journal/committed_seq", "journal_committed_seq"),
+    ("journal/segments/removed", "journal_segments_removed"),
+    ("journal/publish/refused", "journal_refused"),
+    ("journal/publish/dropped", "journal_dropped"),
 )
 
 
@@ -119,13 +130,22 @@ class Sample:
     subscriptions_count: int = 0
     store_count: int = 0  # deliveries held for sessions: queued plus in flight
     store_bytes: int = 0  # their payload bytes
+    journal_state: str = "ok"
+    journal_reason: str = ""  # why it is full or failing ("" when ok)
+    journal_bytes: int = 0  # the node's segment files
+    journal_free_bytes: int = -1  # on their filesystem (-1: not measured, no free-space limit)
+    journal_durable_seq: int = 0
+    journal_committed_seq: int = 0  # what the lake has committed ($control/journal/{node})
+    journal_segments_removed: int = 0  # by retention since start
+    journal_refused: int = 0  # QoS 1/2 publishes refused because of the journal
+    journal_dropped: int = 0  # QoS 0 publishes dropped because of the journal
 
     @property
     def clients_disconnected(self) -> int:
         return max(0, self.clients_total - self.clients_connected)
 
 
-def sample(broker: Broker, uptime: int) -> Sample:
+def sample(broker: Broker, uptime: int, journal: GroupCommitter | None = None) -> Sample:
     """Read ``broker``'s counters and sizes. Linear in sessions (queue and window sizes)."""
     stats = broker.stats
     inflight = queued = held_bytes = 0
@@ -135,6 +155,7 @@ def sample(broker: Broker, uptime: int) -> Sample:
         held_bytes += session.queued_bytes
         held_bytes += sum(len(out.message.payload) for out in session.inflight.values())
     namespaces = broker.namespaces.values()
+    status = journal.status if journal is not None else None
     return Sample(
         uptime=uptime,
         clients_connected=len(broker.connections),
@@ -156,6 +177,17 @@ def sample(broker: Broker, uptime: int) -> Sample:
         subscriptions_count=sum(len(ns.subscriptions) for ns in namespaces),
         store_count=inflight + queued,
         store_bytes=held_bytes,
+        journal_state=status.state if status is not None else "ok",
+        journal_reason=(
+            "" if status is None else status.error if status.state == "error" else status.full
+        ),
+        journal_bytes=journal.bytes_on_disk if journal is not None else 0,
+        journal_free_bytes=journal.free_bytes if journal is not None else -1,
+        journal_durable_seq=journal.durable_seq if journal is not None else 0,
+        journal_committed_seq=journal.lake_committed_seq if journal is not None else 0,
+        journal_segments_removed=journal.segments_removed if journal is not None else 0,
+        journal_refused=broker.journal_refused,
+        journal_dropped=broker.journal_dropped,
     )
 
 

@@ -31,8 +31,8 @@ from broker_edge.plim import (
 )
 from broker_edge.tenants import ALLOW_ALL, OPERATOR_TENANT, Limits, TenantsConfig
 from schemas import topics
-from schemas.journal import DEFAULT_TENANT
-from schemas.usage import GAUGE_METRICS
+from schemas.control import ControlMessageError, JournalCommitted
+from schemas.names import DEFAULT_TENANT, GAUGE_METRICS
 
 if TYPE_CHECKING:
     from broker_edge.broker import Broker
@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 
 # The client id of the edge's own publishes (logs, counters, quota): see schemas.topics.
 EDGE_CLIENT_ID = topics.EDGE_CLIENT_ID
+# The "$" topics the operator's token may publish on: quota decisions and journal commit notices.
+OPERATOR_PREFIXES = (CONTROL_PREFIX, topics.JOURNAL_CONTROL_TOPIC_PREFIX)
 
 
 class Tenancy:
@@ -56,6 +58,7 @@ class Tenancy:
         # Tenants whose last report was all zeros: their next all-zero report is skipped.
         self._counter_quiet: set[str] = set()
         self._logging = False
+        self._journal_topic = topics.journal_control_topic(broker.settings.node_id)
 
     # -- identity --------------------------------------------------------------------------
 
@@ -152,8 +155,9 @@ class Tenancy:
         """
         topic = packet.topic
         if topic[0] == "$":
-            # "$" topics are the platform's; only the operator may publish quota decisions.
-            if not (conn.operator and topic.startswith(CONTROL_PREFIX)):
+            # "$" topics are the platform's; only the operator may publish quota decisions and
+            # the lake's journal commit notices.
+            if not (conn.operator and topic.startswith(OPERATOR_PREFIXES)):
                 self.log(
                     conn.tenant, "acl_denied", conn.client_id, {"action": action, "topic": topic}
                 )
@@ -236,6 +240,20 @@ class Tenancy:
             target = topic[len(CONTROL_PREFIX) :]
             if target and "/" not in target:
                 self.apply_quota(target, payload)
+        elif tenant == OPERATOR_TENANT and topic == self._journal_topic:
+            self.apply_journal_committed(payload)
+
+    def apply_journal_committed(self, payload: bytes) -> None:
+        """``$control/journal/{this node}``: the lake committed this node's journal up to a
+        seq; retention may delete segments at or below it (see broker_edge.durability)."""
+        if not payload:
+            return  # the retained message was cleared: keep the last known value
+        try:
+            committed = JournalCommitted.parse(payload)
+        except ControlMessageError as exc:
+            log.warning("journal commit notice ignored: %s", exc)
+            return
+        self.broker.journal_committed(committed.committed_seq)
 
     # -- log events and counters -------------------------------------------------------------
 

@@ -33,7 +33,7 @@ from typing import Any
 from broker_edge.errors import ConfigError
 from broker_edge.topics import InvalidTopic, validate_topic_filter
 from broker_edge.trie import TopicTrie
-from schemas.journal import DEFAULT_TENANT
+from schemas.names import DEFAULT_TENANT
 
 OPERATOR_TENANT = "$operator"  # cannot clash: tenant names may not start with "$"
 

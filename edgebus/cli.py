@@ -137,19 +137,8 @@ def _edge(args: argparse.Namespace) -> int:
         except ConfigError as exc:
             print(f"edgebus: bad tenants file: {exc}", file=sys.stderr)
             return 2
-    _use_system_allocator_for_arrow()
     runner(_serve_edge(settings, args.tenants))
     return 0
-
-
-def _use_system_allocator_for_arrow() -> None:
-    """The edge's Arrow buffers are its journal frames, made and dropped at every commit.
-    Arrow's default pool (mimalloc) kept 10-15 MiB of them resident after one busy client;
-    the system allocator gives them back (BENCHMARKS.md, issue 10). Process-wide, so set here
-    at the edge's entry point only, not in the library."""
-    import pyarrow as pa
-
-    pa.set_memory_pool(pa.system_memory_pool())
 
 
 def _event_loop_runner(choice: str) -> Any:

@@ -32,6 +32,10 @@ from typing import TYPE_CHECKING, Any
 from edgebus import lake_command
 from edgebus.lake_command import CommandError, sql_date, sql_string, sql_timestamp
 
+# The edges' event types from the pure-Python declaration: schemas.payloads would import pyarrow,
+# 0.15 s of a command's start-up.
+from schemas.names import LOG_EVENTS
+
 if TYPE_CHECKING:
     from deltalake import DeltaTable
 
@@ -297,43 +301,12 @@ def count(delta: DeltaTable, query: LogQuery) -> dict[str | None, int]:
     return totals
 
 
-# A copy of ``schemas.payloads.LOG_EVENTS`` (a unit test keeps them equal): that module
-# imports pyarrow, 0.15 s of a command's start-up, so it is read only for a name not here.
-EDGE_EVENTS = frozenset(
-    {
-        "connect",
-        "disconnect",
-        "subscribe",
-        "unsubscribe",
-        "auth_failed",
-        "acl_denied",
-        "malformed_packet",
-        "session_taken_over",
-        "queue_overflow",
-        "limit_exceeded",
-        "quota_warn",
-        "quota_blocked",
-        "quota_cleared",
-    }
-)
-
-
-def known_event_types() -> frozenset[str]:
-    """The event types an edge logs (``schemas.payloads.LOG_EVENTS``)."""
-    from schemas.payloads import LOG_EVENTS
-
-    return LOG_EVENTS
-
-
 def check_event_types(event_types: Sequence[str]) -> None:
     """Exit 2 for an event type no edge logs, naming the ones they do."""
-    if all(name in EDGE_EVENTS for name in event_types):
-        return
-    known = known_event_types()
-    unknown = [name for name in event_types if name not in known]
+    unknown = [name for name in event_types if name not in LOG_EVENTS]
     if unknown:
         raise CommandError(
             f"unknown event type {', '.join(map(repr, unknown))}: the edges log "
-            f"{', '.join(sorted(known))}",
+            f"{', '.join(sorted(LOG_EVENTS))}",
             exit_code=2,
         )

@@ -49,24 +49,34 @@ reader returns is CRC-checked.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import errno
 import fcntl
+import functools
+import itertools
 import logging
 import os
 import re
 import struct
 import zlib
-from collections.abc import Iterator
+from array import array
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from io import BytesIO
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
-import pyarrow as pa
-import pyarrow.compute as pc
+import nanoarrow
+import nanoarrow.ipc
+from arro3.core import Array, DataType, Field, RecordBatch, Schema, list_array, struct_array
 
-from schemas.journal import JOURNAL_SCHEMA
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 logger = logging.getLogger(__name__)
+
+# A decoded frame: a pyarrow batch (readers) or an arro3 one (the edge).
+_B = TypeVar("_B", "pa.RecordBatch", RecordBatch)
 
 FILE_MAGIC = b"EBJ1"
 FORMAT_VERSION = 1
@@ -82,12 +92,37 @@ _DURABLE = struct.Struct("<QI")
 
 _SEGMENT_NAME = re.compile(r"^(\d{20})\.seg$")
 _NODE_NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$")
-_TS_TYPE = JOURNAL_SCHEMA.field("ts").type
-_USER_PROPERTY_TYPE = JOURNAL_SCHEMA.field("user_properties").type.value_type
 
 
 class JournalError(Exception):
     """Root of the journal's errors."""
+
+
+class JournalWriteError(JournalError):
+    """Writing or syncing a frame failed (ENOSPC, EIO, EFBIG...): nothing of it is durable.
+
+    The writer is *failed* until :meth:`JournalWriter.recover` succeeds; ``errno`` is the
+    operating system's error number.
+    """
+
+    def __init__(self, message: str, errno_: int | None) -> None:
+        super().__init__(message)
+        self.errno = errno_
+
+
+class JournalGapError(JournalError):
+    """A reader asked for records that retention (or a person) already removed."""
+
+    def __init__(self, node_dir: Path, first: int, last: int, oldest: int) -> None:
+        super().__init__(
+            f"journal of node {node_dir.name!r}: seqs {first}..{last} were removed from "
+            f"{node_dir} (its oldest segment starts at seq {oldest}); the reader's offset "
+            "points before the journal's retention"
+        )
+        self.node = node_dir.name
+        self.first = first
+        self.last = last
+        self.oldest = oldest
 
 
 class JournalCorruptError(JournalError):
@@ -131,6 +166,40 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+class FileOps:
+    """The writer's file layer: every call that can fail with a full or broken disk.
+
+    The one seam where tests inject ``ENOSPC``/``EIO`` on write and on sync (subclass and
+    override); the writer never calls these ``os`` functions any other way.
+    """
+
+    def open(self, path: Path, flags: int, mode: int = 0o644) -> int:
+        return os.open(path, flags, mode)
+
+    def write(self, fd: int, data: memoryview | bytes) -> int:
+        return os.write(fd, data)
+
+    def datasync(self, fd: int) -> None:
+        _datasync(fd)
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def truncate(self, fd: int, size: int) -> None:
+        os.ftruncate(fd, size)
+
+    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+        return os.pwrite(fd, data, offset)
+
+    def free_bytes(self, path: Path) -> int:
+        """Bytes an unprivileged writer may still use on ``path``'s filesystem."""
+        st = os.statvfs(path)
+        return st.f_bavail * st.f_frsize
+
+
+OS_FILES = FileOps()
 
 
 # --- frame scanning, shared by writer recovery and the reader -----------------------------------
@@ -229,20 +298,44 @@ def _scan_frames(
     return frames, _Tail(offset, "")
 
 
-def _decode_body(path: Path, frame: _Frame, body: bytes) -> pa.RecordBatch:
+def _check_crc(path: Path, frame: _Frame, body: bytes) -> None:
     if zlib.crc32(body) != frame.crc:
         raise JournalCorruptError(path, frame.offset, "frame body CRC mismatch")
+
+
+def _check_seqs(path: Path, frame: _Frame, rows: int, first: object, last: object) -> None:
+    if rows != frame.count or first != frame.first_seq or last != frame.last_seq:
+        raise JournalCorruptError(path, frame.offset, "frame body disagrees with its header")
+
+
+def _decode_body(path: Path, frame: _Frame, body: bytes) -> pa.RecordBatch:
+    """A frame body as a pyarrow batch (readers: the Spark source, tests; never the edge)."""
+    import pyarrow as pa  # here, not at the top: the edge must not import it (issue 9)
+
+    from schemas.journal import JOURNAL_SCHEMA
+
+    _check_crc(path, frame, body)
     try:
         batch = pa.ipc.read_record_batch(pa.py_buffer(body), JOURNAL_SCHEMA)
     except (pa.ArrowException, ValueError) as exc:
         raise JournalCorruptError(path, frame.offset, f"undecodable frame body: {exc}") from exc
     seqs = batch.column(1)
-    if (
-        batch.num_rows != frame.count
-        or seqs[0].as_py() != frame.first_seq
-        or seqs[-1].as_py() != frame.last_seq
-    ):
-        raise JournalCorruptError(path, frame.offset, "frame body disagrees with its header")
+    _check_seqs(path, frame, batch.num_rows, seqs[0].as_py(), seqs[-1].as_py())
+    return batch
+
+
+def _decode_body_lean(path: Path, frame: _Frame, body: bytes) -> RecordBatch:
+    """A frame body as an arro3 batch: what the edge reads (recovery, state replay)."""
+    _check_crc(path, frame, body)
+    try:
+        stream = _schema_message() + body + _END_OF_STREAM
+        batch = RecordBatch.from_arrow(nanoarrow.ArrayStream.from_readable(stream).read_all())
+    except Exception as exc:  # nanoarrow and arro3 raise plain exceptions for bad input
+        raise JournalCorruptError(path, frame.offset, f"undecodable frame body: {exc}") from exc
+    rows = batch.num_rows
+    seqs = batch.column(1)
+    ends = seqs.slice(0, 1).to_pylist() + seqs.slice(rows - 1, 1).to_pylist() if rows else [0, 0]
+    _check_seqs(path, frame, rows, ends[0], ends[-1])
     return batch
 
 
@@ -259,11 +352,67 @@ _RECORD_FIELDS = (
     "user_properties",
 )  # fmt: skip
 _RECORD_WIDTH = len(_RECORD_FIELDS)
-_USER_PROPERTIES_TYPE = JOURNAL_SCHEMA.field("user_properties").type
-_NO_USER_PROPERTIES = pa.StructArray.from_arrays(
-    [pa.array([], pa.string()), pa.array([], pa.string())], fields=list(_USER_PROPERTY_TYPE)
+
+# JOURNAL_SCHEMA (schemas/journal.py, pyarrow) as arro3 types: the edge builds frames with
+# arro3.core and serializes them with nanoarrow, small Arrow libraries, so that it never imports
+# pyarrow (issue 9: ~7 MiB resident against 54 for pyarrow and pandas).
+# tests/unit/test_journal_lean.py checks that the two schemas are the same.
+_UTF8 = DataType.utf8()
+_USER_PROPERTY_FIELDS = [
+    Field("key", _UTF8, nullable=False),
+    Field("value", _UTF8, nullable=False),
+]
+_USER_PROPERTIES_TYPE = DataType.list(
+    Field("item", DataType.struct(_USER_PROPERTY_FIELDS), nullable=True)
 )
-_ONE = pa.scalar(1, pa.int64())
+_TS_TYPE = DataType.timestamp("us", tz="UTC")
+WRITER_SCHEMA = Schema(
+    [
+        Field("node", _UTF8, nullable=False),
+        Field("seq", DataType.int64(), nullable=False),
+        Field("ts", _TS_TYPE, nullable=False),
+        Field("tenant", _UTF8, nullable=False),
+        Field("client_id", _UTF8, nullable=False),
+        Field("topic", _UTF8, nullable=False),
+        Field("qos", DataType.int8(), nullable=False),
+        Field("retain", DataType.bool(), nullable=False),
+        Field("payload", DataType.binary(), nullable=False),
+        Field("content_type", _UTF8, nullable=True),
+        Field("user_properties", _USER_PROPERTIES_TYPE, nullable=True),
+    ]
+)
+
+
+def _ipc_messages(batch: RecordBatch) -> tuple[bytes, bytes]:
+    """(schema message, record batch message) of ``batch`` in the Arrow IPC stream format.
+
+    A stream is the schema message, the batch messages and an end-of-stream marker; each
+    message is ``0xFFFFFFFF``, an int32 metadata length, the metadata, then a body whose
+    length the metadata gives (0 for a schema). A frame body is the batch message alone: what
+    ``pyarrow.RecordBatch.serialize`` writes and ``pyarrow.ipc.read_record_batch`` reads.
+    """
+    out = BytesIO()
+    # nanoarrow's IPC writer, not arro3.io's: the same bytes a reader needs (uncompressed,
+    # 8-byte aligned, as pyarrow writes them) for ~4 MiB resident instead of ~9 (issue 9).
+    with nanoarrow.ipc.StreamWriter.from_writable(out) as writer:
+        writer.write_stream(batch)
+    data = out.getvalue()
+    if data[:4] != _CONTINUATION or not data.endswith(_END_OF_STREAM):
+        raise JournalError("unexpected Arrow IPC stream layout from arro3")
+    schema_end = 8 + int.from_bytes(data[4:8], "little")
+    return data[:schema_end], data[schema_end : -len(_END_OF_STREAM)]
+
+
+_CONTINUATION = b"\xff\xff\xff\xff"
+_END_OF_STREAM = _CONTINUATION + b"\x00\x00\x00\x00"
+
+
+@functools.cache
+def _schema_message() -> bytes:
+    """The IPC schema message of WRITER_SCHEMA: put before a frame body, it makes a stream."""
+    one = PendingFrame("-", 1, 1, [0, "", "", "", 0, False, b"", None, ()])  # any record
+    schema, _ = _ipc_messages(one.to_batch())
+    return schema
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,77 +428,67 @@ class PendingFrame:
     def last_seq(self) -> int:
         return self.first_seq + self.count - 1
 
-    def to_batch(self) -> pa.RecordBatch:
-        # This runs in the commit thread but holds the GIL while it reads Python objects, so
-        # columns that are one value repeated (node, usually tenant, content type and user
-        # properties; client id when one client published the whole frame) and seq are built
-        # by Arrow from one value instead of converting n Python objects.
+    def to_batch(self) -> RecordBatch:
+        # This runs in the commit thread but holds the GIL while it reads Python objects:
+        # integers go through array.array (packed in C), strings that are one value repeated
+        # (node, usually tenant and client id) are built from that one value.
         n, values, width = self.count, self._values, _RECORD_WIDTH
         ts, tenant, client_id, topic, qos, retain, payload, content_type, user_properties = (
             values[i::width] for i in range(width)
         )
+        first = self.first_seq
         arrays = [
-            pa.repeat(pa.scalar(self.node, pa.string()), n),
-            pc.cumulative_sum(pa.repeat(_ONE, n), start=pa.scalar(self.first_seq - 1)),
-            # int64 then a zero-copy view: converting Python ints straight to a tz-aware
-            # timestamp costs ~80x more (2.4 us a value), the whole group commit's budget.
-            pa.array(ts, pa.int64()).view(_TS_TYPE),
-            _string_column(tenant, n),
-            _string_column(client_id, n),
-            pa.array(topic, pa.string()),
-            _qos_column(qos, n),
-            pa.array(retain, pa.bool_()),
-            pa.array(payload, pa.binary()),
-            (
-                pa.nulls(n, pa.string())
-                if content_type.count(None) == n
-                else pa.array(content_type, pa.string())
-            ),
-            _user_properties_column(user_properties, n),
+            Array([self.node] * n, type=_UTF8),
+            Array.from_buffer(array("q", range(first, first + n))),
+            Array.from_buffer(array("q", ts)).cast(_TS_TYPE),
+            Array(tenant, type=_UTF8),
+            Array(client_id, type=_UTF8),
+            Array(topic, type=_UTF8),
+            Array.from_buffer(_int8s(qos)),
+            Array(retain, type=DataType.bool()),
+            Array(payload, type=DataType.binary()),
+            Array(content_type, type=_UTF8),
+            _user_properties_column(user_properties),
         ]
-        return pa.RecordBatch.from_arrays(arrays, schema=JOURNAL_SCHEMA)
+        return RecordBatch.from_arrays(arrays, schema=WRITER_SCHEMA)
 
 
-def _qos_column(values: list[int], n: int) -> pa.Array:
+def _int8s(values: list[int]) -> array[int]:
     try:
-        data = bytes(values)  # packs the small ints in C; append() checked they are 0, 1 or 2
+        return array("b", values)  # packs in C; append() checked they are 0, 1 or 2
     except TypeError:  # equal to one but not an int (1.0): convert them one by one
-        return pa.array(values, pa.int8())
-    return pa.Array.from_buffers(pa.int8(), n, [None, pa.py_buffer(data)])
+        return array("b", [int(v) for v in values])
 
 
-def _string_column(values: list[str], n: int) -> pa.Array:
-    """One Arrow string built n times over when every value is the same, else a conversion."""
-    first = values[0]
-    if values.count(first) == n:
-        return pa.repeat(pa.scalar(first, pa.string()), n)
-    return pa.array(values, pa.string())
-
-
-def _user_properties_column(values: list[tuple[tuple[str, str], ...]], n: int) -> pa.Array:
-    if values.count(()) == n:  # the usual case: an empty list per record
-        offsets = pa.Array.from_buffers(pa.int32(), n + 1, [None, pa.py_buffer(bytes(4 * (n + 1)))])
-        return pa.ListArray.from_arrays(offsets, _NO_USER_PROPERTIES, type=_USER_PROPERTIES_TYPE)
-    offsets = [0]
+def _user_properties_column(values: list[tuple[tuple[str, str], ...]]) -> Array:
+    offsets = array("i", [0])
     keys: list[str] = []
     props: list[str] = []
-    for pairs in values:
-        for key, value in pairs:
-            keys.append(key)
-            props.append(value)
-        offsets.append(len(keys))
-    return pa.ListArray.from_arrays(
-        pa.array(offsets, pa.int32()),
-        pa.StructArray.from_arrays(
-            [pa.array(keys, pa.string()), pa.array(props, pa.string())],
-            fields=list(_USER_PROPERTY_TYPE),
-        ),
-        type=_USER_PROPERTIES_TYPE,
+    if values.count(()) == len(values):  # the usual case: an empty list per record
+        offsets = array("i", bytes(4 * (len(values) + 1)))
+    else:
+        for pairs in values:
+            for key, value in pairs:
+                keys.append(key)
+                props.append(value)
+            offsets.append(len(keys))
+    entries = struct_array(
+        [Array(keys, type=_UTF8), Array(props, type=_UTF8)], fields=_USER_PROPERTY_FIELDS
     )
+    return list_array(Array.from_buffer(offsets), entries).cast(_USER_PROPERTIES_TYPE)
 
 
 class JournalWriter:
-    """Appends records for one node. See the module docstring for the threading contract."""
+    """Appends records for one node. See the module docstring for the threading contract.
+
+    Failures: a write or sync error makes :meth:`commit` raise :class:`JournalWriteError` and
+    leaves the writer *failed*: nothing of that frame is durable, and the file's state past
+    the last durable frame is unknown (a failed fsync may have dropped dirty pages, a short
+    write left half a frame). The owner then drops the records it had buffered
+    (:meth:`discard_buffered`: their seqs are given out again) and calls :meth:`recover`
+    until it succeeds: it reopens the segment, cuts it back to the end of the last durable
+    frame, removes any segment started after it, and syncs that state before the next frame.
+    """
 
     def __init__(
         self,
@@ -361,6 +500,7 @@ class JournalWriter:
         segment: tuple[int, Path] | None,
         segment_bytes: int,
         fsync: bool,
+        files: FileOps = OS_FILES,
     ) -> None:
         # Use JournalWriter.open(); this only wires up already-recovered state.
         self._dir = node_dir
@@ -368,17 +508,24 @@ class JournalWriter:
         self._lock_fd = lock_fd
         self._segment_bytes = segment_bytes
         self._fsync = fsync
+        self._files = files
         self._next_seq = next_seq
         self._durable_seq = next_seq - 1
         self._values: list[Any] = []  # see _RECORD_FIELDS
         self._fd: int | None = None
+        self._path: Path | None = None  # the segment _fd appends to
         self._size = 0
+        # Where the last durable frame ends: (segment, its size then). recover() cuts back here.
+        self._durable_at: tuple[Path, int] | None = None
         self._failed: BaseException | None = None
         if segment is not None:
             _, path = segment
-            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+            self._fd = files.open(path, os.O_WRONLY | os.O_APPEND)
+            self._path = path
             self._size = os.fstat(self._fd).st_size
-        self._durable_fd = os.open(node_dir / DURABLE_FILE, os.O_WRONLY | os.O_CREAT, 0o644)
+            self._durable_at = (path, self._size)
+        self._bytes = sum(_file_size(p) for _, p in list_segments(node_dir))
+        self._durable_fd = files.open(node_dir / DURABLE_FILE, os.O_WRONLY | os.O_CREAT, 0o644)
         # What survived recovery is what is on disk: durable from here on.
         self._publish_durable()
 
@@ -390,6 +537,7 @@ class JournalWriter:
         *,
         segment_bytes: int = 64 * 2**20,
         fsync: bool = True,
+        files: FileOps = OS_FILES,
     ) -> JournalWriter:
         if not _NODE_NAME.match(node):
             raise ValueError(f"invalid node name {node!r}: use letters, digits, '_', '-', '.'")
@@ -418,6 +566,7 @@ class JournalWriter:
                 segment=segment,
                 segment_bytes=segment_bytes,
                 fsync=fsync,
+                files=files,
             )
         except BaseException:
             os.close(lock_fd)
@@ -428,6 +577,10 @@ class JournalWriter:
         return self._node
 
     @property
+    def node_dir(self) -> Path:
+        return self._dir
+
+    @property
     def next_seq(self) -> int:
         """The seq the next append() will get."""
         return self._next_seq
@@ -436,6 +589,20 @@ class JournalWriter:
     def durable_seq(self) -> int:
         """Every seq up to and including this one is durable (0: none)."""
         return self._durable_seq
+
+    @property
+    def failed(self) -> BaseException | None:
+        """The error that failed the writer, until :meth:`recover` succeeds."""
+        return self._failed
+
+    @property
+    def bytes_on_disk(self) -> int:
+        """Bytes of every segment file of this node (the journal's share of the disk)."""
+        return self._bytes
+
+    def free_bytes(self) -> int:
+        """Bytes still free for the journal on its filesystem."""
+        return self._files.free_bytes(self._dir)
 
     def append(
         self,
@@ -470,10 +637,24 @@ class JournalWriter:
         self._values = []
         return PendingFrame(self._node, self._next_seq - count, count, values)
 
+    def discard_buffered(self) -> int:
+        """After a failed commit: drop every buffered record and give their seqs out again
+        (the next append gets ``durable_seq + 1``). Returns how many records were dropped."""
+        dropped = self._next_seq - 1 - self._durable_seq
+        self._values = []
+        self._next_seq = self._durable_seq + 1
+        return dropped
+
     def commit(self, frame: PendingFrame) -> int:
-        """Write ``frame`` durably; return the last seq now durable. Safe in a worker thread."""
+        """Write ``frame`` durably; return the last seq now durable. Safe in a worker thread.
+
+        Raises :class:`JournalWriteError` when the disk refuses it (see the class docstring).
+        """
         if self._failed is not None:
-            raise JournalError("journal writer failed earlier; reopen it") from self._failed
+            raise JournalWriteError(
+                f"journal writer in {self._dir} failed earlier ({self._failed}); recover() first",
+                getattr(self._failed, "errno", None),
+            )
         if frame.first_seq != self._durable_seq + 1:
             raise JournalError(
                 f"commit out of order: frame starts at seq {frame.first_seq}, "
@@ -489,21 +670,107 @@ class JournalWriter:
             if self._fsync:
                 # fdatasync: the data and the file size (what reading it back needs), not the
                 # timestamps; the segment's name was made durable when it was created (_roll).
-                _datasync(self._fd)
+                self._files.datasync(self._fd)
+            self._publish_durable(frame.last_seq)
         except OSError as exc:
-            # After a failed write or fsync the file state is unknown (and a failed fsync may
-            # have dropped dirty pages): stop, let open() recover.
-            self._failed = exc
-            raise JournalError(f"journal write failed in {self._dir}: {exc}") from exc
+            self._fail(exc, frame)
+            raise JournalWriteError(
+                f"journal write failed in {self._dir}: {exc}", exc.errno
+            ) from exc
+        assert self._path is not None
         self._size += len(data)
+        self._bytes += len(data)
         self._durable_seq = frame.last_seq
-        self._publish_durable()
+        self._durable_at = (self._path, self._size)
         return self._durable_seq
 
-    def _publish_durable(self) -> None:
+    def _fail(self, exc: OSError, frame: PendingFrame) -> None:
+        # After a failed write or fsync the file state is unknown (and a failed fsync may
+        # have dropped dirty pages): nothing of this frame counts, recover() cuts it away.
+        self._failed = exc
+        logger.error(
+            "journal %s: frame of seqs %d..%d not written: %s",
+            self._dir,
+            frame.first_seq,
+            frame.last_seq,
+            exc,
+        )
+
+    def recover(self) -> None:
+        """Make the files end at the last durable frame again; the writer is usable after.
+
+        Raises ``OSError`` when the disk still refuses (the writer stays failed: call again).
+        """
+        if self._failed is None:
+            return
+        if self._fd is not None:
+            fd, self._fd, self._path = self._fd, None, None
+            with contextlib.suppress(OSError):
+                os.close(fd)  # a close after a failed write may report the same error again
+        # Segments started after the last durable frame hold nothing durable.
+        for first, path in list_segments(self._dir):
+            if first > self._durable_seq and (
+                self._durable_at is None or path != self._durable_at[0]
+            ):
+                path.unlink()
+                logger.warning(
+                    "journal %s: removed %s (nothing in it was durable)", self._dir, path
+                )
+        _fsync_dir(self._dir)
+        if self._durable_at is not None:
+            path, durable_size = self._durable_at
+            fd = self._files.open(path, os.O_WRONLY | os.O_APPEND)
+            try:
+                before = os.fstat(fd).st_size
+                if before != durable_size:
+                    self._files.truncate(fd, durable_size)
+                    logger.warning(
+                        "journal %s: cut %d bytes after the last durable frame (seq %d)",
+                        path,
+                        before - durable_size,
+                        self._durable_seq,
+                    )
+                if self._fsync:
+                    self._files.fsync(fd)
+            except BaseException:
+                os.close(fd)
+                raise
+            self._fd, self._path, self._size = fd, path, durable_size
+        self._bytes = sum(_file_size(p) for _, p in list_segments(self._dir))
+        self._publish_durable()
+        self._failed = None
+        logger.warning("journal %s: recovered at durable seq %d", self._dir, self._durable_seq)
+
+    def remove_committed(self, committed_seq: int, min_age: float, now: float) -> list[Path]:
+        """Retention: delete the oldest sealed segments whose every record is at most
+        ``committed_seq`` and whose last write is at least ``min_age`` seconds before ``now``
+        (wall clock). Never the segment being written, never a record past ``committed_seq``
+        or past the durable seq. Returns the removed paths, oldest first.
+        """
+        committed = min(committed_seq, self._durable_seq)
+        segments = list_segments(self._dir)
+        removed: list[Path] = []
+        for (_, path), (next_first, _) in itertools.pairwise(segments):
+            if path == self._path or next_first - 1 > committed:
+                break  # the rest are newer: not committed yet either
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue
+            if now - st.st_mtime < min_age:
+                break
+            path.unlink()
+            self._bytes -= st.st_size
+            removed.append(path)
+        if removed:
+            _fsync_dir(self._dir)
+        return removed
+
+    def _publish_durable(self, durable_seq: int | None = None) -> None:
         """Let readers see every seq up to ``durable_seq`` (see the module docstring)."""
-        seq = self._durable_seq.to_bytes(8, "little")
-        os.pwrite(self._durable_fd, _DURABLE.pack(self._durable_seq, zlib.crc32(seq)), 0)
+        durable = self._durable_seq if durable_seq is None else durable_seq
+        seq = durable.to_bytes(8, "little")
+        self._files.pwrite(self._durable_fd, _DURABLE.pack(durable, zlib.crc32(seq)), 0)
 
     def flush(self) -> int:
         """drain() + commit() in the calling thread; returns the durable seq."""
@@ -515,7 +782,8 @@ class JournalWriter:
     def close(self) -> None:
         """Close the files. Records appended but not committed are dropped."""
         if self._fd is not None:
-            os.close(self._fd)
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
             self._fd = None
         if self._durable_fd >= 0:
             os.close(self._durable_fd)
@@ -533,9 +801,9 @@ class JournalWriter:
     def _write_all(self, data: bytearray) -> None:
         assert self._fd is not None
         view = memoryview(data)
-        # One os.write per frame; the loop only runs again on a short write (e.g. disk full).
+        # One write per frame; the loop only runs again on a short write (e.g. disk full).
         while view:
-            written = os.write(self._fd, view)
+            written = self._files.write(self._fd, view)
             view = view[written:]
 
     def _roll(self, first_seq: int) -> None:
@@ -543,24 +811,35 @@ class JournalWriter:
             os.close(self._fd)
             self._fd = None
         path = self._dir / segment_name(first_seq)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
-        self._fd = fd
-        os.write(fd, FILE_HEADER)
-        if self._fsync:
-            os.fsync(fd)
-            _fsync_dir(self._dir)
+        fd = self._files.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        self._fd, self._path, self._size = fd, path, 0
+        if self._files.write(fd, FILE_HEADER) != len(FILE_HEADER):
+            raise OSError(errno.ENOSPC, "short write of a segment header")
         self._size = len(FILE_HEADER)
+        self._bytes += len(FILE_HEADER)
+        if self._fsync:
+            self._files.fsync(fd)
+            _fsync_dir(self._dir)
+
+
+def _file_size(path: Path) -> int:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0
 
 
 _datasync = getattr(os, "fdatasync", os.fsync)  # fdatasync is POSIX, not on macOS
 
 
-def encode_frame(batch: pa.RecordBatch, first_seq: int) -> bytearray:
+def encode_frame(batch: RecordBatch, first_seq: int) -> bytearray:
     """Header + body of one frame, in one buffer so it goes out in one write."""
-    body = batch.serialize()
-    data = bytearray(FRAME_HEADER.size + body.size)
-    FRAME_HEADER.pack_into(data, 0, FRAME_MAGIC, body.size, zlib.crc32(body), first_seq, len(batch))
-    data[FRAME_HEADER.size :] = memoryview(body)
+    _, body = _ipc_messages(batch)
+    data = bytearray(FRAME_HEADER.size + len(body))
+    FRAME_HEADER.pack_into(
+        data, 0, FRAME_MAGIC, len(body), zlib.crc32(body), first_seq, batch.num_rows
+    )
+    data[FRAME_HEADER.size :] = body
     return data
 
 
@@ -586,7 +865,7 @@ def _recover(node_dir: Path, *, fsync: bool) -> tuple[int, tuple[int, Path] | No
             f.seek(frame.offset + FRAME_HEADER.size)
             body = f.read(frame.body_len)
             try:
-                _decode_body(path, frame, body)
+                _decode_body_lean(path, frame, body)
             except JournalCorruptError:
                 if i != len(frames) - 1 or tail.torn:
                     raise  # more bytes follow the bad frame: not a torn write
@@ -696,12 +975,43 @@ class JournalReader:
         written = frames[-1].last_seq if frames else first_seq - 1
         return written if durable is None else min(written, durable)
 
+    def first_seq(self) -> int | None:
+        """The seq of the oldest record still in the journal (None: no segment yet)."""
+        segments = list_segments(self._dir)
+        return segments[0][0] if segments else None
+
+    def check_available(self, after_seq: int) -> None:
+        """Raise :class:`JournalGapError` when records after ``after_seq`` were removed: a
+        reader at that offset would otherwise have to skip them."""
+        oldest = self.first_seq()
+        if oldest is not None and after_seq + 1 < oldest:
+            raise JournalGapError(self._dir, after_seq + 1, oldest - 1, oldest)
+
     def read(self, after_seq: int, upto_seq: int) -> Iterator[pa.RecordBatch]:
         """Yield exactly the records with ``after_seq < seq <= upto_seq``, CRC-checked.
 
         Raises :class:`JournalError` when part of the range is not in the journal (not written
         yet, or removed) and :class:`JournalCorruptError` on a bad frame inside the range.
         """
+        return self._read(after_seq, upto_seq, _decode_body)
+
+    def read_records(self, after_seq: int, upto_seq: int) -> Iterator[dict[str, Any]]:
+        """The same records as :meth:`read`, one dict per record, decoded without pyarrow
+        (the edge replays its state from these); ``ts`` is microseconds since the epoch."""
+        for batch in self._read(after_seq, upto_seq, _decode_body_lean):
+            columns = {
+                name: batch.column(i).to_pylist()
+                for i, name in enumerate(WRITER_SCHEMA.names)
+                if name != "ts"
+            }
+            columns["ts"] = batch.column(2).cast(DataType.int64()).to_pylist()
+            names = list(columns)
+            for row in zip(*columns.values(), strict=True):
+                yield dict(zip(names, row, strict=True))
+
+    def _read(
+        self, after_seq: int, upto_seq: int, decode: Callable[[Path, _Frame, bytes], _B]
+    ) -> Iterator[_B]:
         if upto_seq <= after_seq:
             return
         wanted = after_seq + 1
@@ -709,14 +1019,21 @@ class JournalReader:
         firsts = [first for first, _ in segments]
         # The segment holding `wanted` is the last one starting at or before it.
         index = bisect.bisect_right(firsts, wanted) - 1
+        if index < 0 and firsts:
+            raise JournalGapError(self._dir, wanted, firsts[0] - 1, firsts[0])
         if index < 0:
             raise JournalError(f"{self._dir}: seqs {wanted}..{upto_seq} are not in the journal")
         for i in range(index, len(segments)):
             first_seq, path = segments[i]
-            frames = self._frames(first_seq, path, closed=i < len(segments) - 1, upto=upto_seq)
-            for batch in _read_frames(path, frames, wanted, upto_seq):
-                wanted += batch.num_rows
-                yield batch
+            try:
+                frames = self._frames(first_seq, path, closed=i < len(segments) - 1, upto=upto_seq)
+                for batch in _read_frames(path, frames, wanted, upto_seq, decode):
+                    wanted += batch.num_rows
+                    yield batch
+            except FileNotFoundError:
+                # Retention removed the segment since it was listed: those seqs are gone.
+                oldest = self.first_seq() or first_seq
+                raise JournalGapError(self._dir, wanted, max(wanted, oldest - 1), oldest) from None
             if wanted > upto_seq:
                 return
         raise JournalError(f"{self._dir}: seqs {wanted}..{upto_seq} are not in the journal (yet)")
@@ -764,8 +1081,12 @@ def _still_there(f: BinaryIO, frame: _Frame, size: int) -> bool:
 
 
 def _read_frames(
-    path: Path, frames: list[_Frame], wanted: int, upto_seq: int
-) -> Iterator[pa.RecordBatch]:
+    path: Path,
+    frames: list[_Frame],
+    wanted: int,
+    upto_seq: int,
+    decode: Callable[[Path, _Frame, bytes], _B],
+) -> Iterator[_B]:
     """Decode the frames overlapping ``[wanted, upto_seq]`` and slice them to the range."""
     starts = [frame.first_seq for frame in frames]
     i = max(bisect.bisect_right(starts, wanted) - 1, 0)
@@ -776,7 +1097,7 @@ def _read_frames(
             if frame.last_seq < wanted:
                 continue
             f.seek(frame.offset + FRAME_HEADER.size)
-            batch = _decode_body(path, frame, f.read(frame.body_len))
+            batch = decode(path, frame, f.read(frame.body_len))
             lo = wanted - frame.first_seq
             hi = min(upto_seq, frame.last_seq) - frame.first_seq + 1
             yield batch if (lo, hi) == (0, frame.count) else batch.slice(lo, hi - lo)

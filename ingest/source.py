@@ -201,6 +201,8 @@ class EdgebusStreamReader(DataSourceStreamReader):
                     f"already planned up to seq {planned[node]}: records were lost from "
                     f"{self._root / node}"
                 )
+            if seq > planned.get(node, 0):
+                self._check_not_removed(node, planned.get(node, 0))
         end = cap_offsets(planned, available, self._options.max_records_per_batch)
         self._planned = end
         return end
@@ -224,6 +226,19 @@ class EdgebusStreamReader(DataSourceStreamReader):
                 for lo in range(after, upto, PARTITION_RECORDS)
             )
         return ranges
+
+    def _check_not_removed(self, node: str, after: int) -> None:
+        """Stop, never skip, when retention already removed records this query has not read
+        (retention misconfigured, segments removed by hand): the error names the node and the
+        missing seqs."""
+        oldest = self._journal(node).first_seq()
+        if oldest is not None and after + 1 < oldest:
+            raise SourceError(
+                f"edgebus source: journal of node {node!r} no longer has seqs "
+                f"{after + 1}..{oldest - 1} (its oldest segment starts at seq {oldest}) but "
+                f"the query has read only up to seq {after}: they were removed from "
+                f"{self._root / node} before the lake committed them; refusing to skip them"
+            )
 
     def commit(self, end: Offset) -> None:
         """Nothing to do: retention, not the source, decides when journal records go."""

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from schemas.names import DEFAULT_TENANT as DEFAULT_TENANT  # noqa: PLC0414 (re-exported)
+
 USER_PROPERTY = pa.struct(
     [pa.field("key", pa.string(), nullable=False), pa.field("value", pa.string(), nullable=False)]
 )
@@ -29,5 +31,3 @@ JOURNAL_SCHEMA = pa.schema(
         pa.field("user_properties", pa.list_(USER_PROPERTY), nullable=True),
     ]
 )
-
-DEFAULT_TENANT = "default"

@@ -10,29 +10,10 @@ from __future__ import annotations
 import pyarrow as pa
 
 from schemas import topics
+from schemas.names import LOG_EVENTS as LOG_EVENTS  # noqa: PLC0414 (re-exported)
 
 # Topics of log events: ``$log/{origin}/{event}`` in the tenant's namespace (schemas.topics).
 LOG_TOPIC_PREFIX = topics.LOG_TOPIC_PREFIX
-
-# Every event an edge logs (``broker_edge.plim.log_event`` refuses others): the ``event`` field
-# of a log payload and the ``event_type`` column of valid ``logs`` rows.
-LOG_EVENTS = frozenset(
-    {
-        "connect",
-        "disconnect",
-        "subscribe",
-        "unsubscribe",
-        "auth_failed",
-        "acl_denied",
-        "malformed_packet",
-        "session_taken_over",
-        "queue_overflow",
-        "limit_exceeded",
-        "quota_warn",
-        "quota_blocked",
-        "quota_cleared",
-    }
-)
 
 # One log event on ``$log/{origin}/{event}`` (see ``broker_edge.plim.log_event``). Every field
 # is required; ``client_id`` is "" for events about the tenant rather than a client (quota).

@@ -25,6 +25,10 @@ QUOTA_TOPIC_PREFIX = "$quota/"
 CONTROL_TOPIC_PREFIX = "$control/quota/"
 """``$control/quota/{tenant}``: retained decisions in the operator's namespace (operator only)."""
 
+JOURNAL_CONTROL_TOPIC_PREFIX = "$control/journal/"
+"""``$control/journal/{node}``: retained, how far the lake has committed a node's journal
+(``schemas.control.JournalCommitted``); the edge's retention deletes segments at or below it."""
+
 SYS_TOPIC_PREFIX = "$SYS/"
 """``$SYS/broker/...``: node statistics, never journaled, seen by no tenant of a tenants file."""
 
@@ -56,3 +60,7 @@ def quota_topic(metric: str) -> str:
 
 def control_topic(tenant: str) -> str:
     return f"{CONTROL_TOPIC_PREFIX}{tenant}"
+
+
+def journal_control_topic(node: str) -> str:
+    return f"{JOURNAL_CONTROL_TOPIC_PREFIX}{node}"

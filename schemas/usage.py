@@ -9,30 +9,19 @@ from __future__ import annotations
 import pyarrow as pa
 
 from schemas import topics
+from schemas.names import COUNTER_KINDS as COUNTER_KINDS  # noqa: PLC0414 (re-exported)
+from schemas.names import COUNTER_METRICS as COUNTER_METRICS  # noqa: PLC0414 (re-exported)
+from schemas.names import GAUGE_METRICS as GAUGE_METRICS  # noqa: PLC0414 (re-exported)
 
 _TS = pa.timestamp("us", tz="UTC")
 
 # The topics and the decision's fields are the edge/pipeline contract, declared in
 # schemas.topics; named here too for the pipeline's steps that import them from this module.
+# The metric names are in schemas.names (pure Python, imported by the lean edge).
 COUNTERS_TOPIC_PREFIX = topics.COUNTERS_TOPIC_PREFIX
 CONTROL_TOPIC_PREFIX = topics.CONTROL_TOPIC_PREFIX
 DECISION_STATES = topics.DECISION_STATES
 DECISION_FIELDS = topics.DECISION_FIELDS
-
-COUNTER_KINDS = ("counter", "gauge")
-
-# The metrics every edge reports per tenant (``broker_edge.plim.counter_messages``); the gauges
-# among them report a current value, the others (counters) what they grew by.
-COUNTER_METRICS = (
-    "messages_in",
-    "messages_out",
-    "bytes_in",
-    "bytes_out",
-    "sessions",
-    "subscriptions",
-    "retained",
-)
-GAUGE_METRICS = frozenset({"sessions", "subscriptions", "retained"})
 
 # The JSON payload on ``$counters/{metric}`` (see broker_edge.plim.counter_messages). ``delta``
 # is what a counter grew by during the interval; ``total`` is the node's running total, or a

@@ -30,6 +30,7 @@ from typing import Any
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
+from schemas.control import JournalCommitted, journal_control_topic
 from sinks.errors import SinkError
 
 logger = logging.getLogger(__name__)
@@ -107,6 +108,14 @@ class DecisionPublisher:
                 self._delay.pop(broker, None)
                 self._retry_at.pop(broker, None)
         return errors
+
+    def publish_committed(self, node: str, committed_seq: int) -> list[MqttSinkError]:
+        """Tell every edge that the lake holds ``node``'s journal up to ``committed_seq``
+        (inclusive, in every table): retained on ``$control/journal/{node}``
+        (``schemas.control``). Each edge deletes its own committed segments (retention);
+        the others keep the retained notice. Errors as in :meth:`publish`."""
+        notice = JournalCommitted.now(node, committed_seq)
+        return self.publish({journal_control_topic(node): [notice.payload()]})
 
     def _deliver(self, broker: Broker, box: Mapping[str, tuple[bytes, ...]]) -> None:
         host, port = broker

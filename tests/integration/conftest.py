@@ -17,19 +17,41 @@ import uvloop
 
 from broker_edge.node import EdgeNode
 from broker_edge.settings import EdgeSettings
+from ingest.journal import OS_FILES, FileOps
 
 TIMEOUT = 10.0
+
+# The operator's token and one tenant (modules with other tenants have their own fixture). With
+# a tenants file the node's $SYS is in the operator's namespace: the operator's token reads it.
+OPERATOR_TENANTS = """
+[operator]
+token = "op-token"
+
+[tenants.acme]
+tokens = ["acme-1"]
+"""
+
+
+@pytest.fixture
+def tenants_file(tmp_path: Path) -> Path:
+    path = tmp_path / "tenants.toml"
+    path.write_text(OPERATOR_TENANTS)
+    return path
 
 
 class RunningEdge:
     """An EdgeNode served from a background thread; ``port`` is the real bound port."""
 
     def __init__(
-        self, settings: EdgeSettings, loop_kind: str = "asyncio", tenants: Path | None = None
+        self,
+        settings: EdgeSettings,
+        loop_kind: str = "asyncio",
+        tenants: Path | None = None,
+        files: FileOps = OS_FILES,
     ) -> None:
         self.settings = settings
         self.loop = uvloop.new_event_loop() if loop_kind == "uvloop" else asyncio.new_event_loop()
-        self.node = EdgeNode(settings, tenants)
+        self.node = EdgeNode(settings, tenants, journal_files=files)
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -101,8 +123,11 @@ def make_edge(edge_settings: EdgeSettings, loop_kind: str) -> Iterator[Any]:
     """Start edges with setting overrides (restarts on the same data dir included)."""
     started: list[RunningEdge] = []
 
-    def _make(tenants: Path | None = None, **overrides: Any) -> RunningEdge:
-        running = RunningEdge(replace(edge_settings, **overrides), loop_kind, tenants).start()
+    def _make(
+        tenants: Path | None = None, files: FileOps = OS_FILES, **overrides: Any
+    ) -> RunningEdge:
+        settings = replace(edge_settings, **overrides)
+        running = RunningEdge(settings, loop_kind, tenants, files).start()
         started.append(running)
         return running
 

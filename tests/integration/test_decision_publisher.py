@@ -13,21 +13,6 @@ import pytest
 
 from sinks.mqtt import DecisionPublisher
 
-TENANTS = """
-[operator]
-token = "op-token"
-
-[tenants.acme]
-tokens = ["acme-1"]
-"""
-
-
-@pytest.fixture
-def tenants_file(tmp_path: Path) -> Path:
-    path = tmp_path / "tenants.toml"
-    path.write_text(TENANTS)
-    return path
-
 
 def decision(state: str, metric: str = "messages_per_day") -> bytes:
     doc = {"state": state, "metric": metric, "limit": 100, "value": 120, "decided_at": None}

@@ -15,7 +15,14 @@ from pyspark.errors import AnalysisException, StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 
 from ingest import source
-from ingest.journal import FILE_HEADER, FRAME_HEADER, JournalReader, JournalWriter, list_segments
+from ingest.journal import (
+    FILE_HEADER,
+    FRAME_HEADER,
+    JournalGapError,
+    JournalReader,
+    JournalWriter,
+    list_segments,
+)
 from ingest.source import (
     PARTITION_RECORDS,
     EdgebusStreamReader,
@@ -251,6 +258,33 @@ def test_lost_journal_records_are_reported(tmp_path: Path) -> None:
     reader.partitions({}, {"edge-a": 9})
     with pytest.raises(source.SourceError, match=r"ends at seq 5 .* planned up to seq 9"):
         reader.latestOffset()
+
+
+def test_records_removed_before_the_query_read_them_stop_it(tmp_path: Path) -> None:
+    """Retention or a person removed segments past the query's offset: a clear error naming
+    the node and the missing seqs, never a silent skip (issue 9)."""
+    with JournalWriter.open(tmp_path, "edge-a", segment_bytes=4096) as writer:
+        for i in range(200):
+            writer.append(
+                ts_us=i, tenant="t", client_id="c", topic="x", qos=0, retain=False, payload=b"p"
+            )
+            writer.flush()
+        segments = list_segments(tmp_path / "edge-a")
+        writer.remove_committed(segments[2][0] - 1, 0, now=9e12)  # the lake "has" them
+    oldest = segments[2][0]
+    reader = EdgebusStreamReader(SourceOptions.parse({"path": str(tmp_path)}))
+    reader.partitions({}, {"edge-a": 7})  # where a checkpoint left it
+    with pytest.raises(
+        source.SourceError, match=rf"node 'edge-a' no longer has seqs 8\.\.{oldest - 1}"
+    ):
+        reader.latestOffset()
+    # Reading such a range on an executor fails the same way, naming the node.
+    with pytest.raises(JournalGapError, match=rf"node 'edge-a': seqs 8\.\.{oldest - 1}"):
+        list(reader.read(JournalRange("edge-a", 7, 20)))
+    # A query that read up to the oldest remaining segment goes on.
+    caught_up = EdgebusStreamReader(SourceOptions.parse({"path": str(tmp_path)}))
+    caught_up.partitions({}, {"edge-a": oldest - 1})
+    assert caught_up.latestOffset() == {"edge-a": 200}
 
 
 # --- planning and reading without Spark ----------------------------------------------------------

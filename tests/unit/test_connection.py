@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
+from broker_edge import sessionlog
 from broker_edge.broker import Broker
 from broker_edge.codec import Decoder, encode
 from broker_edge.connection import Connection, ConnState
@@ -19,11 +20,13 @@ from broker_edge.packets import (
     ProtocolVersion,
     Puback,
     Publish,
+    Pubrec,
     QoS,
     ReasonCode,
     Subscribe,
     Subscription,
 )
+from broker_edge.sessionlog import SessionLog
 from broker_edge.settings import EdgeSettings
 
 
@@ -33,7 +36,8 @@ class FakeJournal:
     def __init__(self) -> None:
         self.records: list[dict[str, object]] = []
         self.durable = 0
-        self.waiters: list[tuple[int, Callable[[], None]]] = []
+        self.waiters: list[tuple[int, Callable[[], None], Callable[[], None] | None]] = []
+        self.lake_committed_seq = 0
 
     FIELDS = ("ts_us", "tenant", "client_id", "topic", "qos", "retain", "payload")
 
@@ -41,11 +45,25 @@ class FakeJournal:
         self.records.append(dict(zip(self.FIELDS, values, strict=False)))
         return len(self.records)
 
-    def after_durable(self, seq: int, callback: Callable[[], None]) -> None:
+    def after_durable(
+        self, seq: int, callback: Callable[[], None], refused: Callable[[], None] | None = None
+    ) -> None:
         if seq <= self.durable:
             callback()
         else:
-            self.waiters.append((seq, callback))
+            self.waiters.append((seq, callback, refused))
+
+    @property
+    def appended_seq(self) -> int:
+        return len(self.records)
+
+    def fail(self) -> None:
+        """The frame holding every waiting record failed: refuse them (GroupCommitter)."""
+        waiting, self.waiters = self.waiters, []
+        del self.records[self.durable :]
+        for _, _, refused in waiting:
+            assert refused is not None
+            refused()
 
     @property
     def device(self) -> list[dict[str, object]]:
@@ -59,7 +77,7 @@ class FakeJournal:
     def make_durable(self) -> None:
         self.durable = len(self.records)
         waiting, self.waiters = self.waiters, []
-        for seq, callback in waiting:
+        for seq, callback, _ in waiting:
             assert seq <= self.durable
             callback()
 
@@ -361,3 +379,94 @@ def test_a_burst_to_many_subscribers_is_routed_in_turns_with_writes_between(jour
         assert publisher.reading
     finally:
         loop.close()
+
+
+# -- issue 9: the journal full or failing -----------------------------------------------------
+
+
+def _status(state: str) -> object:
+    from broker_edge.durability import JournalStatus
+
+    return JournalStatus(state=state, full="over budget" if state == "full" else "", error="EIO")
+
+
+@pytest.mark.parametrize(("state", "code"), [("full", 0x97), ("error", 0x80)])
+def test_v5_publishes_refused_while_the_journal_refuses(broker, journal, state, code):
+    peer = connected(broker, "pub", ProtocolVersion.MQTT_5)
+    peer.replies()
+    broker.journal_status_changed(_status(state))
+    before = len(journal.device)
+    peer.send(Publish(topic="t/1", payload=b"a", qos=QoS.AT_LEAST_ONCE, packet_id=1))
+    peer.send(Publish(topic="t/1", payload=b"b", qos=QoS.EXACTLY_ONCE, packet_id=2))
+    peer.send(Publish(topic="t/1", payload=b"c"))
+    assert peer.replies() == [
+        Puback(packet_id=1, reason_code=code),
+        Pubrec(packet_id=2, reason_code=code),
+    ]
+    assert len(journal.device) == before  # nothing taken, nothing journaled
+    assert (broker.journal_refused, broker.journal_dropped) == (2, 1)
+    assert not peer.closed
+    # The operator's $log says why, once.
+    events = [r["topic"] for r in journal.records if str(r["topic"]).startswith("$log/journal/")]
+    assert events == [f"$log/journal/journal_{state}"]
+    assert all(r["tenant"] == "$operator" for r in journal.records if r["topic"] in events)
+
+    broker.journal_status_changed(_status("ok"))
+    peer.send(Publish(topic="t/1", payload=b"d", qos=QoS.AT_LEAST_ONCE, packet_id=3))
+    journal.make_durable()
+    broker.flush_dirty()
+    assert peer.replies() == [Puback(packet_id=3)]
+    assert journal.records[-2]["topic"] == "$log/journal/journal_resumed"
+
+
+def test_a_failed_frame_is_logged_as_a_cut_back_in_the_session_log(broker, journal, tmp_path):
+    # Session changes logged after the dropped records' seqs must not be replayed after the
+    # records that reuse those seqs (broker_edge.sessionlog.cut_back).
+    broker.session_log = SessionLog(tmp_path, fsync=False)
+    syncs: list[bool] = []
+    broker.request_session_sync = lambda: syncs.append(True)
+    for i in range(3):
+        journal.append(1, "acme", "pub", f"t/{i}", 0, False, b"", None, ())
+    journal.durable = 1
+    journal.fail()  # the frame of records 2-3 failed: the next append gets seq 2 again
+    broker.journal_status_changed(_status("error"))
+    broker.session_log.close()
+    assert list(sessionlog.read(tmp_path, 0)) == [{"op": sessionlog.CUT, "seq": 1}]
+    assert syncs == [True]
+
+
+@pytest.mark.parametrize("state", ["full", "error"])
+def test_311_qos1_closes_the_connection_while_the_journal_refuses(broker, journal, state):
+    peer = connected(broker, "pub", ProtocolVersion.MQTT_3_1_1)
+    peer.replies()
+    broker.journal_status_changed(_status(state))
+    peer.send(Publish(topic="t/1", payload=b"q0"))
+    assert not peer.closed  # QoS 0: dropped and counted
+    peer.send(Publish(topic="t/1", payload=b"q1", qos=QoS.AT_LEAST_ONCE, packet_id=1))
+    assert peer.closed
+    assert peer.replies() == []  # no PUBACK: 3.1.1 cannot say no, the client resends
+    assert [r["payload"] for r in journal.device] == []
+
+
+@pytest.mark.parametrize("version", [ProtocolVersion.MQTT_3_1_1, ProtocolVersion.MQTT_5])
+def test_publishes_of_a_failed_frame_are_refused_not_left_waiting(broker, journal, version):
+    peer = connected(broker, "pub", version)
+    peer.replies()
+    peer.send(Publish(topic="t/1", payload=b"x", qos=QoS.AT_LEAST_ONCE, packet_id=7))
+    if version == ProtocolVersion.MQTT_5:
+        peer.send(Publish(topic="t/1", payload=b"y", qos=QoS.EXACTLY_ONCE, packet_id=8))
+    assert peer.replies() == []
+    journal.fail()
+    broker.flush_dirty()
+    if version == ProtocolVersion.MQTT_5:
+        assert peer.replies() == [
+            Puback(packet_id=7, reason_code=0x80),
+            Pubrec(packet_id=8, reason_code=0x80),
+        ]
+        assert peer.conn.inbound_unacked == 0
+        assert peer.conn.session is not None
+        assert not peer.conn.session.awaiting_rel
+        assert not peer.closed
+    else:
+        assert peer.replies() == []
+        assert peer.closed

@@ -4,7 +4,7 @@ session, and the caches of topic names, bounded by bytes. Sans-IO, with a fake c
 from __future__ import annotations
 
 import pytest
-from test_connection import FakeJournal, connected
+from test_connection import FakeJournal, Peer, connected
 
 from broker_edge.broker import Broker
 from broker_edge.codec import encode
@@ -99,7 +99,8 @@ def test_the_match_cache_is_bounded_by_bytes() -> None:
     assert trie.cache_bytes > 0
 
 
-def test_a_client_is_paused_while_its_records_awaiting_the_journal_hold_too_many_bytes() -> None:
+def _paused_by_its_backlog() -> tuple[Broker, Peer, list[bool]]:
+    """A client whose 4 x 30 KB wait for the journal: over its 100,000 bytes, paused."""
     broker = _broker(max_journal_backlog_bytes_per_client=100_000)
     peer = connected(broker, "big", V5)
     paused: list[bool] = []
@@ -108,8 +109,22 @@ def test_a_client_is_paused_while_its_records_awaiting_the_journal_hold_too_many
     read = b"".join(encode(Publish(topic="t", payload=b"x" * 30_000), V5) for _ in range(4))
     peer.conn.receive(read, 0.0)
     peer.conn.end_turn()  # what the listener does after each turn
-    assert paused == [True]  # 4 x 30 KB wait for the journal: over 100,000 bytes
+    assert paused == [True]
+    return broker, peer, paused
+
+
+def test_a_client_is_paused_while_its_records_awaiting_the_journal_hold_too_many_bytes() -> None:
+    broker, peer, paused = _paused_by_its_backlog()
     broker.journal.make_durable()  # type: ignore[attr-defined]
+    assert paused == [True, False]
+    assert peer.conn.journal_bytes == 0
+
+
+def test_records_a_failed_journal_frame_dropped_no_longer_hold_their_client() -> None:
+    # The journal refuses the frame (issue 9: cut back to the last durable frame): the bytes
+    # it held are not waiting any more, so the client's reads resume.
+    broker, peer, paused = _paused_by_its_backlog()
+    broker.journal.fail()  # type: ignore[attr-defined]
     assert paused == [True, False]
     assert peer.conn.journal_bytes == 0
 

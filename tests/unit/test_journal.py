@@ -158,7 +158,7 @@ def test_batch_columns_match_a_plain_conversion(tmp_path: Path, shape: str) -> N
             w.append(**rec)
         frame = w.drain()
         assert frame is not None
-        batch = frame.to_batch()
+        batch = pa.record_batch(frame.to_batch())  # arro3 -> pyarrow (Arrow C interface)
         w.commit(frame)
     batch.validate(full=True)
     expected = [expected_row(7 + i, rec) for i, rec in enumerate(records)]

@@ -230,7 +230,7 @@ def test_count(lake: Path, capsys: pytest.CaptureFixture[str]) -> None:
 def test_the_event_types_known_without_importing_pyarrow_are_the_edges() -> None:
     from schemas.payloads import LOG_EVENTS
 
-    assert log_query.EDGE_EVENTS == LOG_EVENTS
+    assert log_query.LOG_EVENTS is LOG_EVENTS
 
 
 def test_cursor_encoding() -> None:

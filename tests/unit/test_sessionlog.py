@@ -47,3 +47,23 @@ def test_a_corrupt_record_names_the_file_and_offset(tmp_path: Path) -> None:
         SessionLogError, match=r"sessions\.00000001\.log: corrupt record at byte 15"
     ):
         list(sessionlog.read(tmp_path, 0))
+
+
+def test_changes_before_a_journal_cut_back_are_read_as_made_after_its_durable_record() -> None:
+    # Journal records 3-6 were dropped by a failed frame and their seqs given out again: the
+    # changes logged at seq 5 and 6 were made after record 2, before the new records 3-6.
+    logged = [
+        {"op": "open", "seq": 1},
+        {"op": "sub", "seq": 5},
+        {"op": "unsub", "seq": 6},
+        {"op": sessionlog.CUT, "seq": 2},
+        {"op": "sub", "seq": 4},
+        {"op": sessionlog.CUT, "seq": 4},  # nothing after 4 yet: nothing moves
+    ]
+    changes = sessionlog.cut_back(iter(logged))
+    assert [(c["op"], c["seq"]) for c in changes] == [
+        ("open", 1),
+        ("sub", 2),
+        ("unsub", 2),
+        ("sub", 4),
+    ]

@@ -15,6 +15,8 @@ def test_example_files_load() -> None:
     edge = load_edge(CONF / "edge.toml", {})
     assert (edge.node_id, edge.port, edge.journal_fsync) == ("edge-1", 1883, True)
     assert edge.sys_interval == 10.0
+    assert (edge.journal_max_bytes, edge.journal_min_free_bytes) == (10 * 2**30, 2**30)
+    assert edge.journal_retention_hours == 24.0
     pipe = load_pipeline(CONF / "pipeline.toml", {})
     assert pipe.journal_root == Path("data/journal")
     assert pipe.checkpoint_path("history") == Path("lake/_checkpoints/history")
@@ -37,6 +39,12 @@ def test_flags_override_file_and_defaults_sit_beneath(tmp_path: Path) -> None:
         ("[edge]\nsys_interval = -1\n", "edge.sys_interval: must be a number of seconds >= 0"),
         ("[edge]\nsys_interval = nan\n", "edge.sys_interval: must be a number of seconds >= 0"),
         ("[edge]\nsys_interval = '10'\n", "edge.sys_interval: must be a number"),
+        ("[edge]\njournal_max_bytes = -1\n", "edge.journal_max_bytes: must be >= 0"),
+        ("[edge]\njournal_min_free_bytes = 1.5\n", "edge.journal_min_free_bytes: must be an"),
+        (
+            "[edge]\njournal_retention_hours = -2\n",
+            "edge.journal_retention_hours: must be a number of hours >= 0",
+        ),
         ("[edges]\n", "unknown table(s) edges"),
         ("[edge\n", "not valid TOML"),
     ],

@@ -47,7 +47,15 @@ class FakeJournal:
 
     backlog = 0  # everything is durable at once
 
-    def after_durable(self, seq: int, callback: Callable[[], None]) -> None:
+    lake_committed_seq = 0
+
+    @property
+    def appended_seq(self) -> int:
+        return len(self.records)
+
+    def after_durable(
+        self, seq: int, callback: Callable[[], None], refused: Callable[[], None] | None = None
+    ) -> None:
         pass
 
 
@@ -104,6 +112,15 @@ def test_first_update_publishes_every_topic_with_mosquitto_names() -> None:
         subscriptions_count=8,
         store_count=9,
         store_bytes=640,
+        journal_state="full",
+        journal_reason="journal holds 11 bytes, journal_max_bytes is 10",
+        journal_bytes=11,
+        journal_free_bytes=12,
+        journal_durable_seq=13,
+        journal_committed_seq=14,
+        journal_segments_removed=15,
+        journal_refused=16,
+        journal_dropped=17,
     )
     out = as_dict(SysTree("edgebus 0.1.0").update(now, at=0.0))
     expected = {
@@ -129,6 +146,16 @@ def test_first_update_publishes_every_topic_with_mosquitto_names() -> None:
         "store/messages/count": b"9",
         "store/messages/bytes": b"640",
         "messages/stored": b"9",
+        # The journal (issue 9): edgebus's own, beside Mosquitto's names.
+        "journal/state": b"full",
+        "journal/reason": b"journal holds 11 bytes, journal_max_bytes is 10",
+        "journal/bytes": b"11",
+        "journal/free_bytes": b"12",
+        "journal/durable_seq": b"13",
+        "journal/committed_seq": b"14",
+        "journal/segments/removed": b"15",
+        "journal/publish/refused": b"16",
+        "journal/publish/dropped": b"17",
     }
     for topic, payload in expected.items():
         assert out.pop(P + topic) == payload, topic

@@ -1,0 +1,48 @@
+"""Names the edge and the pipeline share, in pure Python: the edge imports this module and must
+stay free of pyarrow (issue 9: a lean edge), so the Arrow schemas beside it import these names
+from here rather than define them. The topics they travel on are declared in ``schemas.topics``
+(pure Python too).
+"""
+
+from __future__ import annotations
+
+# Without a tenants file every client is in this tenant.
+DEFAULT_TENANT = "default"
+
+# Every event an edge logs (``broker_edge.plim.log_event`` refuses others): the ``event`` field
+# of a log payload and the ``event_type`` column of valid ``logs`` rows.
+LOG_EVENTS = frozenset(
+    {
+        "connect",
+        "disconnect",
+        "subscribe",
+        "unsubscribe",
+        "auth_failed",
+        "acl_denied",
+        "malformed_packet",
+        "session_taken_over",
+        "queue_overflow",
+        "limit_exceeded",
+        "quota_warn",
+        "quota_blocked",
+        "quota_cleared",
+        "journal_full",
+        "journal_error",
+        "journal_resumed",
+    }
+)
+
+COUNTER_KINDS = ("counter", "gauge")
+
+# The metrics every edge reports per tenant (``broker_edge.plim.counter_messages``); the gauges
+# among them report a current value, the others (counters) what they grew by.
+COUNTER_METRICS = (
+    "messages_in",
+    "messages_out",
+    "bytes_in",
+    "bytes_out",
+    "sessions",
+    "subscriptions",
+    "retained",
+)
+GAUGE_METRICS = frozenset({"sessions", "subscriptions", "retained"})
