@@ -22,9 +22,18 @@ between replays the same batch with the same records, and each table skips it if
 already: tables committed before the crash are left alone, the others are written. The quota
 step runs after the usage commit, so its decisions always see the usage that caused them.
 
-Only small results reach the driver: the per-destination counts, the usage step's day totals
-per tenant and metric, the quota step's decisions. The driver's memory does not grow with the
-batch (BENCHMARKS.md, issue 18).
+Only small results reach the driver: the per-destination counts and each node's last seq in
+the batch, the usage step's day totals per tenant and metric, the quota step's decisions. The
+driver's memory does not grow with the batch (BENCHMARKS.md, issue 18).
+
+Retention (issue 9): once every table has committed a batch *and* Spark has marked it done in
+the checkpoint (``commits/{batch_id}``), each node's last seq in it is what the lake holds of
+that node's journal for good: no replay will ask for those records again. With edges to tell
+(``--broker`` and the operator token of the quota settings) it goes to them retained on
+``$control/journal/{node}``, and each edge deletes the journal segments the lake has. Spark
+marks a batch done after ``foreachBatch`` returns, so a batch's notice goes out when the next
+batch starts (or when the query stops), never from inside its own ``foreachBatch``: a crash
+between the two would replay a batch whose records an edge had already deleted.
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.types import ArrayType
 
 from sinks.delta import DeltaTableWriter, spark_schema
+from sinks.mqtt import DecisionPublisher
 from sinks.quarantine import quarantine_writer
 from streaming import route
 from streaming.errors import PipelineError
@@ -71,12 +81,23 @@ class TableFanout:
     """The ``foreachBatch`` function: one micro-batch of journal records into every table."""
 
     def __init__(self, settings: PipelineSettings, quota: QuotaSettings | None) -> None:
+        self._commits = settings.checkpoint_path(JOB) / "commits"
+        # A batch's last seq per node, until Spark has marked the batch done.
+        self._pending: tuple[int, dict[str, int]] | None = None
         # The appends, in the order they commit: ``messages`` first (what analysts wait for).
         self.appends: dict[str, DeltaTableWriter] = {
             route.MESSAGES: messages_writer(settings),
             route.LOGS: logs_writer(settings),
         }
-        self.usage = UsageStep(settings, quota)
+        # One connection per edge for the quota decisions and the journal notices.
+        self.publisher = (
+            DecisionPublisher(
+                quota.brokers, quota.operator_token, timeout=quota.publish_timeout_seconds
+            )
+            if quota is not None
+            else None
+        )
+        self.usage = UsageStep(settings, quota, self.publisher)
         self.quarantine = quarantine_writer(settings.table_path(QUARANTINE_TABLE))
 
     @property
@@ -84,13 +105,20 @@ class TableFanout:
         return [*self.appends.values(), *self.usage.writers, self.quarantine]
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        self.send_notices()  # the previous batch is marked done now
         started = time.monotonic()
         wire = batch.withColumn(route.WIRE_COLUMN, F.to_json(route.WIRE_COLUMN))
         routed = wire.mapInArrow(
             route.route_batches, spark_schema(route.ROUTED_WIRE_SCHEMA)
         ).persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            counts = {row["dest"]: row["count"] for row in routed.groupBy("dest").count().collect()}
+            counts: dict[str, int] = {}
+            ends: dict[str, int] = {}  # node -> its last seq in this batch
+            for row in (
+                routed.groupBy("dest", "node").agg(F.count("*").alias("n"), F.max("seq")).collect()
+            ):
+                counts[row["dest"]] = counts.get(row["dest"], 0) + row["n"]
+                ends[row["node"]] = max(ends.get(row["node"], 0), row["max(seq)"])
             timings = {"route": time.monotonic() - started}
             for dest, writer in self.appends.items():
                 if counts.get(dest):
@@ -110,6 +138,20 @@ class TableFanout:
             counts,
             ", ".join(f"{step} {seconds:.2f} s" for step, seconds in timings.items()),
         )
+        self._pending = (batch_id, ends)
+
+    def send_notices(self) -> None:
+        """Tell the edges how far the lake holds each node's journal, for the last batch Spark
+        has marked done (``$control/journal/{node}``, retained); nothing without edges."""
+        if self._pending is None or self.publisher is None or not self.publisher.brokers:
+            return
+        batch_id, ends = self._pending
+        if not (self._commits / str(batch_id)).exists():
+            return  # not marked done yet: a replay could still need these records
+        self._pending = None
+        for node, seq in sorted(ends.items()):
+            # Errors are logged; the next batch's notice (a higher seq) supersedes this one.
+            self.publisher.publish_committed(node, seq)
 
 
 def _share(routed: DataFrame, dest: str, writer: DeltaTableWriter | None = None) -> DataFrame:
@@ -133,6 +175,12 @@ def start(
     With or without ``quota`` it is the same query (name, checkpoint, app ids), so quota
     enforcement can be switched on and off across restarts.
     """
+    return _start(spark, settings, quota)[0]
+
+
+def _start(
+    spark: SparkSession, settings: PipelineSettings, quota: QuotaSettings | None
+) -> tuple[StreamingQuery, TableFanout]:
     checkpoint = settings.checkpoint_path(JOB)
     fanout = TableFanout(settings, quota)
     for writer in fanout.writers:
@@ -151,7 +199,7 @@ def start(
         settings.lake,
         "on" if quota is not None else "off",
     )
-    return query
+    return query, fanout
 
 
 def run(
@@ -173,9 +221,10 @@ def run(
     """
     session = spark if spark is not None else build_spark(settings)
     query: StreamingQuery | None = None
+    fanout: TableFanout | None = None
     schedules: list[IntervalSchedule] = []
     try:
-        query = start(session, settings, quota)
+        query, fanout = _start(session, settings, quota)
         if once:
             query.processAllAvailable()
             logger.info("%s: caught up", query.name)
@@ -189,6 +238,8 @@ def run(
         try:
             if query is not None:
                 _stop_gracefully(query)
+            if fanout is not None:
+                fanout.send_notices()  # the last batch, if Spark marked it done
             for schedule in schedules:
                 # A run in flight finishes its Delta commit before the process goes on.
                 schedule.close(timeout=STOP_GRACE_SECONDS)

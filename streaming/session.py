@@ -52,10 +52,12 @@ def delta_jars() -> list[str]:
 
 def delta_config(partitions: int = 4) -> Mapping[str, str]:
     """The Spark settings every Delta-enabled session here gets (the pipeline's, the tests',
-    the notebooks'). ``partitions``: how many tasks rebuild a table's state from its log
-    (Delta's default, 50, costs a second per snapshot on a small machine and small tables)."""
+    the notebooks'). ``partitions``: how many tasks list a table's files for VACUUM."""
     return {
-        "spark.databricks.delta.snapshotPartitions": str(partitions),
+        # One task rebuilds a table's state from its log after each commit: the log is a
+        # checkpoint plus at most ten JSON commits (maintenance and Delta checkpoint), and
+        # Delta's default of 50 tasks cost a second per commit here (0.2 s for 4).
+        "spark.databricks.delta.snapshotPartitions": "1",
         # VACUUM lists a table's directories with this many tasks (Spark's default: 10,000).
         "spark.sql.sources.parallelPartitionDiscovery.parallelism": str(partitions),
         "spark.jars": ",".join(delta_jars()),

@@ -69,6 +69,7 @@ from streaming.settings import PipelineSettings
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from sinks.mqtt import DecisionPublisher
     from streaming.quota import QuotaStep
 
 logger = logging.getLogger(__name__)
@@ -379,14 +380,19 @@ class UsageStep:
 
     table = TABLE
 
-    def __init__(self, settings: PipelineSettings, quota: QuotaSettings | None = None) -> None:
+    def __init__(
+        self,
+        settings: PipelineSettings,
+        quota: QuotaSettings | None = None,
+        publisher: DecisionPublisher | None = None,
+    ) -> None:
         self.usage = UsageWriter(settings)
         self.quota: QuotaStep | None = None
         writers: list[DeltaTableWriter] = [self.usage.delta]
         if quota is not None:
             from streaming.quota import QuotaStep  # quota imports this module's names
 
-            self.quota = QuotaStep(settings, quota)
+            self.quota = QuotaStep(settings, quota, publisher)
             writers.append(self.quota.events)
         self.writers = tuple(writers)
 
