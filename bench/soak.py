@@ -13,12 +13,11 @@ between the two (records). At the end it waits for the pipeline to catch up and 
 every acknowledged publish is in ``messages`` exactly once (by ``(node, seq)``).
 
 Retention needs the lake's notice on ``$control/journal/{node}``
-(``sinks.mqtt.DecisionPublisher.publish_committed``). ``--notices pipeline`` waits for the
-pipeline to send it (once the pipeline calls ``publish_committed`` after each batch);
-``--notices bench`` (the default while it does not) has this bench send it instead, with the
-same publisher and the operator token, from the same committed offset the pipeline would use:
-the checkpoint's newest committed batch (Spark writes ``commits/N`` once every table of batch
-N is written). Results: bench/results/{time}-soak.json.
+(``sinks.mqtt.DecisionPublisher.publish_committed``). ``--notices pipeline`` (the default)
+waits for the pipeline to send it (it does after each batch Spark has marked done);
+``--notices bench`` has this bench send it instead, with the same publisher and the operator
+token, from the same committed offset: the checkpoint's newest committed batch (Spark writes
+``commits/N`` once every table of batch N is written). Results: bench/results/{time}-soak.json.
 """
 
 from __future__ import annotations
@@ -279,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trigger-interval", type=float, default=1.0)
     parser.add_argument("--sample-interval", type=float, default=10.0)
     parser.add_argument("--catch-up-timeout", type=float, default=300.0)
-    parser.add_argument("--notices", choices=("bench", "pipeline"), default="bench")
+    parser.add_argument("--notices", choices=("bench", "pipeline"), default="pipeline")
     parser.add_argument("--work", type=Path, help="work dir (default: a new temporary one)")
     parser.add_argument("--keep", action="store_true", help="keep the work dir")
     parser.add_argument("--output-dir", type=Path, default=compare.RESULTS_DIR)
