@@ -76,10 +76,6 @@ class DeltaTableWriter:
     def app_id(self) -> str:
         return self._app_id
 
-    @property
-    def schema(self) -> pa.Schema:
-        return self._schema
-
     def last_batch_id(self) -> int | None:
         """The highest batch id committed under ``app_id``, or None (no table, or no commit).
 
@@ -155,8 +151,9 @@ class DeltaTableWriter:
         must not hold a key twice. ``prune`` is a SQL condition on the target's partition
         columns (``t.tenant IN (...)``) so the merge reads only the partitions it can touch.
         The merge carries ``(app_id, batch_id)`` as its Delta app transaction (Delta's
-        ``spark.databricks.delta.write.txnAppId``/``txnVersion`` settings, set on a session of
-        its own so no other writer of the process can pick them up): a replay is skipped.
+        ``spark.databricks.delta.write.txnAppId``/``txnVersion`` settings, set on the rows'
+        session for the merge only and unset after it; writers in other threads use sessions
+        of their own, ``spark.newSession()``, so they cannot pick them up): a replay is skipped.
         A merge that loses a commit race to a compaction is retried on the new snapshot.
         """
         from delta.tables import DeltaTable as SparkDeltaTable
@@ -171,6 +168,7 @@ class DeltaTableWriter:
         condition = " AND ".join(f"t.`{name}` = s.`{name}`" for name in key)
         if prune:
             condition = f"({prune}) AND {condition}"
+        source = self.conformed(rows).alias("s")
         conf = spark.conf
         for attempt in range(1, MERGE_ATTEMPTS + 1):
             conf.set(TXN_APP_ID_CONF, self._app_id)
@@ -179,7 +177,7 @@ class DeltaTableWriter:
                 (
                     SparkDeltaTable.forPath(spark, self._path)
                     .alias("t")
-                    .merge(self.conformed(rows).alias("s"), condition)
+                    .merge(source, condition)
                     .whenMatchedUpdateAll()
                     .whenNotMatchedInsertAll()
                     .execute()

@@ -10,7 +10,8 @@ every row staying on the executors:
    contract, then each table's pure step (``messages``, ``logs``, counter records), every
    rejected record as a ``quarantine`` row. The routed rows are persisted on the executors, so
    the journals are read once per batch however many tables there are.
-2. One small aggregation brings the row count per destination to the driver.
+2. One small aggregation brings the row count per destination and each node's last seq to
+   the driver.
 3. Each table is written from its share by Spark's Delta writer (``sinks.delta``):
    ``messages``, ``logs``, then ``usage`` (a merge, :mod:`streaming.usage`) and the quota step
    (``quota_events`` and the decisions to the edges), then ``quarantine``.
@@ -119,17 +120,22 @@ class TableFanout:
             ):
                 counts[row["dest"]] = counts.get(row["dest"], 0) + row["n"]
                 ends[row["node"]] = max(ends.get(row["node"], 0), row["max(seq)"])
-            timings = {"route": time.monotonic() - started}
+            timings: dict[str, float] = {}
+
+            def lap(step: str) -> None:
+                timings[step] = time.monotonic() - started - sum(timings.values())
+
+            lap("route")
             for dest, writer in self.appends.items():
                 if counts.get(dest):
-                    writer.append(batch_id, _share(routed, dest, writer))
-                    timings[dest] = time.monotonic() - started - sum(timings.values())
+                    writer.append(batch_id, _share(routed, dest))
+                    lap(dest)
             counters = _share(routed, route.COUNTERS) if counts.get(route.COUNTERS) else None
             self.usage(batch.sparkSession, batch_id, counters)
-            timings["usage"] = time.monotonic() - started - sum(timings.values())
+            lap("usage")
             if counts.get(route.QUARANTINE):
-                self.quarantine.append(batch_id, _share(routed, route.QUARANTINE, self.quarantine))
-                timings["quarantine"] = time.monotonic() - started - sum(timings.values())
+                self.quarantine.append(batch_id, _share(routed, route.QUARANTINE))
+                lap("quarantine")
         finally:
             routed.unpersist()
         logger.info(
@@ -154,10 +160,10 @@ class TableFanout:
             self.publisher.publish_committed(node, seq)
 
 
-def _share(routed: DataFrame, dest: str, writer: DeltaTableWriter | None = None) -> DataFrame:
+def _share(routed: DataFrame, dest: str) -> DataFrame:
     """The routed rows for ``dest`` with that destination's columns (``user_properties``
     parsed back from its JSON text on the wire)."""
-    schema = writer.schema if writer is not None else route.DESTINATIONS[dest]
+    schema = route.DESTINATIONS[dest]
     columns = [
         F.from_json(F.col(name), cast(ArrayType, spark_schema(schema)[name].dataType)).alias(name)
         if name == route.WIRE_COLUMN

@@ -338,37 +338,44 @@ class UsageWriter:
             logger.info("usage: batch %d already committed, skipping replay", batch_id)
             return {}
         spark = counters.sparkSession
-        parts = partials(counters)
-        touched = parts.select("tenant", "date").distinct().collect()
-        if not touched:
-            return {}
-        prune = (
-            f"tenant IN ({_sql_list(row['tenant'] for row in touched)})"
-            f" AND date IN ({', '.join(sorted({_date(row['date']) for row in touched}))})"
-        )
-        self.delta.ensure(spark)
-        stored = spark.read.format("delta").load(self.delta.path).where(prune)
-        combined = (
-            parts.groupBy(*_GROUP)
-            .cogroup(stored.groupBy(*_GROUP))
-            .applyInArrow(combine_group, spark_schema(COMBINED_SCHEMA))
-            .persist(StorageLevel.MEMORY_AND_DISK)
-        )
+        # Used twice (the partitions it touches, then the cogroup): aggregated once.
+        parts = partials(counters).persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            totals = {
-                (row["tenant"], row["metric"], row["date"]): int(row["day_total"])
-                for row in combined.select(*_GROUP, "day_total").distinct().collect()
-            }
-            if totals:
-                target = prune.replace("tenant IN", "t.tenant IN").replace("date IN", "t.date IN")
-                self.delta.merge(batch_id, combined, USAGE_KEY, prune=target)
+            touched = parts.select("tenant", "date").distinct().collect()
+            if not touched:
+                return {}
+            tenants = {row["tenant"] for row in touched}
+            days = {row["date"] for row in touched}
+            self.delta.ensure(spark)
+            stored = (
+                spark.read.format("delta").load(self.delta.path).where(_partitions(tenants, days))
+            )
+            combined = (
+                parts.groupBy(*_GROUP)
+                .cogroup(stored.groupBy(*_GROUP))
+                .applyInArrow(combine_group, spark_schema(COMBINED_SCHEMA))
+                .persist(StorageLevel.MEMORY_AND_DISK)
+            )
+            try:
+                totals = {
+                    (row["tenant"], row["metric"], row["date"]): int(row["day_total"])
+                    for row in combined.select(*_GROUP, "day_total").distinct().collect()
+                }
+                if totals:
+                    prune = _partitions(tenants, days, alias="t.")
+                    self.delta.merge(batch_id, combined, USAGE_KEY, prune=prune)
+            finally:
+                combined.unpersist()
         finally:
-            combined.unpersist()
+            parts.unpersist()
         return totals
 
 
-def _date(day: date) -> str:
-    return f"DATE '{day.isoformat()}'"
+def _partitions(tenants: Iterable[str], days: Iterable[date], alias: str = "") -> str:
+    """The SQL condition selecting these tenants' partitions of these days (``alias``: the
+    table's, e.g. ``t.`` in a merge)."""
+    dates = ", ".join(f"DATE '{day.isoformat()}'" for day in sorted(set(days)))
+    return f"{alias}tenant IN ({_sql_list(tenants)}) AND {alias}date IN ({dates})"
 
 
 def _sql_list(values: Iterable[str]) -> str:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tarfile
 from collections import Counter as Multiset
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -34,19 +35,13 @@ NODES = ("edge-a", "edge-b")
 BEFORE = 62  # records per node in the archive's journals
 
 
-def unpack(root: Path) -> PipelineSettings:
+@pytest.fixture
+def settings(make_settings: Callable[..., PipelineSettings]) -> PipelineSettings:
+    """The archive unpacked where ``make_settings`` puts the data dir and the lake."""
+    unpacked = make_settings(max_records_per_batch=40)
     with tarfile.open(ARCHIVE) as archive:
-        archive.extractall(root, filter="data")
-    return PipelineSettings(
-        data_dir=root / "data",
-        lake=root / "lake",
-        master="local[2]",
-        trigger_interval_seconds=0.1,
-        shuffle_partitions=2,
-        quality_interval_seconds=0.0,
-        maintenance_interval_seconds=0.0,
-        max_records_per_batch=40,
-    )
+        archive.extractall(unpacked.data_dir.parent, filter="data")
+    return unpacked
 
 
 def identities(settings: PipelineSettings, table: str) -> Multiset[tuple[str, int]]:
@@ -54,8 +49,9 @@ def identities(settings: PipelineSettings, table: str) -> Multiset[tuple[str, in
     return Multiset((row["node"], row["seq"]) for row in rows)
 
 
-def test_the_old_lake_carries_on_exactly_once(edgebus_spark: SparkSession, tmp_path: Path) -> None:
-    settings = unpack(tmp_path)
+def test_the_old_lake_carries_on_exactly_once(
+    edgebus_spark: SparkSession, settings: PipelineSettings
+) -> None:
     old_messages = identities(settings, "messages")
     old_batches = DeltaTable(str(settings.table_path("messages"))).transaction_version(
         "edgebus.history"
@@ -95,9 +91,8 @@ def test_the_old_lake_carries_on_exactly_once(edgebus_spark: SparkSession, tmp_p
 
 
 def test_maintenance_repairs_view_typed_files_and_keeps_every_row(
-    edgebus_spark: SparkSession, tmp_path: Path
+    edgebus_spark: SparkSession, settings: PipelineSettings
 ) -> None:
-    settings = unpack(tmp_path)
     usage = settings.table_path("usage")
     broken = view_typed_files(usage)
     assert broken, "the archive's usage files should carry string_view"
@@ -121,9 +116,8 @@ def test_maintenance_repairs_view_typed_files_and_keeps_every_row(
 
 
 def test_compaction_leaves_one_file_per_partition_and_every_row_once(
-    edgebus_spark: SparkSession, tmp_path: Path
+    edgebus_spark: SparkSession, settings: PipelineSettings
 ) -> None:
-    settings = unpack(tmp_path)
     messages = settings.table_path("messages")
     before = identities(settings, "messages")
     files = len(DeltaTable(str(messages)).file_uris())
@@ -138,8 +132,9 @@ def test_compaction_leaves_one_file_per_partition_and_every_row_once(
     assert any((messages / "_delta_log").glob("*.checkpoint.parquet"))
 
 
-def test_edgebus_maintain_repairs_a_lake_once_as_a_command(tmp_path: Path) -> None:
-    settings = unpack(tmp_path)
+def test_edgebus_maintain_repairs_a_lake_once_as_a_command(
+    settings: PipelineSettings, tmp_path: Path
+) -> None:
     assert view_typed_files(settings.table_path("usage"))
     done = subprocess.run(
         [sys.executable, "-m", "edgebus.cli", "maintain", "--lake", str(settings.lake)],
