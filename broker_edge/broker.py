@@ -176,6 +176,11 @@ class Broker:
         self.settings = settings
         self.journal = journal
         self.wall_clock_us = wall_clock_us
+        # Set by the node to its event loop's: read the clock (a connection ends a turn that
+        # ran too long), run a callback after a delay (a rate-limited publisher's resume). One
+        # for every connection: per-connection bound methods cost memory (issue 9).
+        self.clock: Callable[[], float] = _no_time
+        self.call_later: Callable[[float, Callable[[], None]], object] = _never
         self.namespaces: dict[str, Namespace] = {}
         self.sessions: dict[tuple[str, str], Session] = {}
         self.connections: dict[tuple[str, str], Connection] = {}
@@ -1101,3 +1106,11 @@ def _noop() -> None:
 
 def _ignore_status(status: JournalStatus) -> None:
     pass
+
+
+def _no_time() -> float:
+    return 0.0  # without a loop's clock no turn is ever too long
+
+
+def _never(delay: float, callback: Callable[[], None]) -> None:
+    del delay, callback

@@ -24,7 +24,7 @@ import dataclasses
 import itertools
 from collections.abc import Callable
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from broker_edge.codec import Decoder, encode
 from broker_edge.errors import ProtocolError, UnsupportedProtocol
@@ -129,16 +129,14 @@ class Connection:
         "broker",
         "bucket",
         "bucket_at",
-        "call_later",
         "clean_disconnect",
         "client_id",
-        "clock",
         "close_reason",
-        "close_transport",
         "closing",
         "connected_at",
         "decoder",
         "inbound_unacked",
+        "io",
         "journal_bytes",
         "keepalive",
         "last_rx",
@@ -146,12 +144,10 @@ class Connection:
         "max_payload",
         "operator",
         "out",
-        "pause_reading",
         "paused_for",
         "peer",
         "rate",
         "receive_maximum_out",
-        "resume_reading",
         "session",
         "state",
         "tenant",
@@ -162,7 +158,6 @@ class Connection:
         "version",
         "will",
         "will_delay",
-        "write",
         "write_paused",
     )
 
@@ -183,13 +178,10 @@ class Connection:
         self.will: Publish | None = None
         self.will_delay = 0
         self.clean_disconnect = False
-        # Set by the listener: writes bytes to the transport, closes it.
-        self.write: Callable[[bytes], None] = _discard
-        self.close_transport: Callable[[], None] = _noop
-        # Set by the listener: stop / restart reading from the socket (publisher backpressure).
-        # Use pause()/resume() with a reason, never these directly.
-        self.pause_reading: Callable[[], None] = _noop
-        self.resume_reading: Callable[[], None] = _noop
+        # Set by the listener: its transport (one reference, not one bound method per call a
+        # connection makes: idle connections are most of an edge's memory). Reading is paused
+        # and resumed through pause()/resume() with a reason, never directly.
+        self.io: ConnectionIO = NO_IO
         self.paused_for = 0  # PAUSED_BY_* bits
         # MQTT 5 limits the client declared in CONNECT (3.1.1: none).
         self.receive_maximum_out = 65_535
@@ -212,10 +204,6 @@ class Connection:
         self.rate = 0.0  # messages per second allowed (token bucket); 0: unlimited
         self.bucket = 0.0
         self.bucket_at = now
-        # Set by the listener: run a callback after a delay (loop.call_later), and read the
-        # loop's clock (to end a turn that ran too long; see receive).
-        self.call_later: Callable[[float, Callable[[], None]], object] = _never
-        self.clock: Callable[[], float] = _no_time
         self.out: list[bytes] = []
         self.write_paused = False
         self.closing = False
@@ -229,9 +217,10 @@ class Connection:
 
         Stops early, returning True, once this call has routed more than the broker's
         ``max_deliveries_per_turn`` deliveries (a burst fanned out to many subscribers), or
-        handled packets for more than ``max_turn_seconds`` by ``clock``: the caller writes what
-        was routed so far and calls ``receive(b"", now)`` again for the rest, so subscribers see
-        deliveries flow, and other clients are served, instead of waiting for a whole read.
+        handled packets for more than ``max_turn_seconds`` by the broker's ``clock``: the caller
+        writes what was routed so far and calls ``receive(b"", now)`` again for the rest, so
+        subscribers see deliveries flow, and other clients are served, instead of waiting for a
+        whole read.
         """
         self.last_rx = now
         decoder = self.decoder
@@ -242,7 +231,7 @@ class Connection:
         broker = self.broker
         stats = broker.stats
         turn_ends = stats.messages_out + broker.settings.max_deliveries_per_turn
-        clock = self.clock
+        clock = broker.clock
         deadline = now + broker.settings.max_turn_seconds
         while not self.closing:
             packet = decoder.next_packet()
@@ -265,7 +254,7 @@ class Connection:
     def pause(self, reason: int) -> None:
         """Stop reading from the socket for ``reason`` (a PAUSED_BY_* bit)."""
         if not self.paused_for:
-            self.pause_reading()
+            self.io.pause_reading()
         self.paused_for |= reason
 
     def resume(self, reason: int) -> None:
@@ -273,7 +262,7 @@ class Connection:
         if self.paused_for & reason:
             self.paused_for &= ~reason
             if not self.paused_for:
-                self.resume_reading()
+                self.io.resume_reading()
 
     def _rate_resume(self) -> None:
         self.resume(PAUSED_BY_RATE)
@@ -320,10 +309,10 @@ class Connection:
         if self.out:
             data = b"".join(self.out) if len(self.out) > 1 else self.out[0]
             self.out.clear()
-            self.write(data)
+            self.io.write(data)
         if self.closing and self.state is not ConnState.CLOSED:
             self.state = ConnState.CLOSED
-            self.close_transport()
+            self.io.close()
 
     def packet_limit(self) -> int:
         """The largest packet this client may send: the edge's maximum packet size, lowered
@@ -505,10 +494,11 @@ class Connection:
         qos = packet.qos
         session = self.session
         assert session is not None
-        if qos == _QOS2 and packet.packet_id in session.awaiting_rel:
+        pid = packet.packet_id
+        if qos == _QOS2 and pid is not None and pid in session.awaiting_rel:
             # A resent QoS 2 PUBLISH we already accepted: acknowledge again, deliver once
             # [MQTT-4.3.3-10].
-            self.send(Pubrec(packet_id=packet.packet_id))
+            self.send(Pubrec(packet_id=pid))
             return
         if (
             topic[0] == "$"
@@ -543,7 +533,7 @@ class Connection:
                 # slowed, nothing it sent is dropped). Publishes later in the same read overdraw
                 # the bucket further; the read after the resume pays for them.
                 self.pause(PAUSED_BY_RATE)
-                self.call_later(pause, self._rate_resume)
+                broker.call_later(pause, self._rate_resume)
         if qos != _QOS0:
             self.inbound_unacked += 1
             if (
@@ -564,10 +554,9 @@ class Connection:
             broker.paused_readers.add(self)
         if qos == _QOS0:
             return
-        pid = packet.packet_id
         assert pid is not None
         if qos == _QOS2:
-            session.awaiting_rel.add(pid)
+            session.hold_rel(pid)
         broker.after_durable(seq, self, pid, qos)
 
     def _learn_topic(self, topic: str) -> None:
@@ -651,7 +640,7 @@ class Connection:
         else:
             # A PUBREC >= 0x80 ends the exchange: no PUBREL follows [MQTT-4.3.3-4].
             assert self.session is not None
-            self.session.awaiting_rel.discard(packet_id)
+            self.session.release_rel(packet_id)
             self.inbound_unacked -= 1
             self.send(Pubrec(packet_id=packet_id, reason_code=ReasonCode.UNSPECIFIED_ERROR))
 
@@ -669,8 +658,7 @@ class Connection:
 
     def _on_pubrel(self, packet: Pubrel, now: float) -> None:
         assert self.session is not None
-        found = packet.packet_id in self.session.awaiting_rel
-        self.session.awaiting_rel.discard(packet.packet_id)
+        found = self.session.release_rel(packet.packet_id)
         if found:
             self.inbound_unacked -= 1
         reason = 0 if found or self.version != ProtocolVersion.MQTT_5 else 0x92
@@ -789,22 +777,37 @@ class Connection:
         raise ProtocolError("AUTH without an authentication method", ReasonCode.PROTOCOL_ERROR)
 
 
-def _discard(data: bytes) -> None:
-    del data
+class ConnectionIO(Protocol):
+    """What a connection needs of its transport (the listener's protocol object)."""
+
+    def write(self, data: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
 
 
-def _noop() -> None:
-    pass
+class _NoIO:
+    """A connection's transport until the listener sets one: output goes nowhere."""
+
+    __slots__ = ()
+
+    def write(self, data: bytes) -> None:
+        del data
+
+    def close(self) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
 
 
-def _never(delay: float, callback: Callable[[], None]) -> None:
-    del delay, callback
-
-
-def _no_time() -> float:
-    return 0.0  # without a listener's clock no turn is ever too long
-
-
+NO_IO: ConnectionIO = _NoIO()
 _NO_USAGE = TenantUsage()  # replaced at CONNECT; nothing is counted before
 
 

@@ -33,6 +33,11 @@ CLOSE_DRAIN_SECONDS = 1.0
 
 
 class MqttProtocol(asyncio.Protocol):
+    """One TCP connection's wiring; also its Connection's transport (``ConnectionIO``)."""
+
+    # One per client: slots keep an idle connection small (issue 9: ≤ 3 KiB per connection).
+    __slots__ = ("_broker", "_conn", "_draining", "_loop", "_lost", "_packets", "_transport")
+
     def __init__(self, broker: Broker, loop: asyncio.AbstractEventLoop) -> None:
         self._broker = broker
         self._loop = loop
@@ -48,25 +53,32 @@ class MqttProtocol(asyncio.Protocol):
         self._transport = transport
         peer = transport.get_extra_info("peername")
         conn = Connection(self._broker, f"{peer[0]}:{peer[1]}" if peer else "?", self._loop.time())
-        conn.write = self._write
-        conn.close_transport = self._close
-        conn.pause_reading = transport.pause_reading
-        conn.resume_reading = transport.resume_reading
-        conn.call_later = self._loop.call_later
-        conn.clock = self._loop.time
+        conn.io = self
         high = self._broker.settings.write_buffer_high_water
         transport.set_write_buffer_limits(high=high, low=high // 4)
         self._conn = conn
         self._broker.stats.sockets_opened += 1
         self._broker.awaiting_connect.add(conn)
 
-    def _write(self, data: bytes) -> None:
+    # -- ConnectionIO: what the connection asks of its transport ---------------------------------
+
+    def write(self, data: bytes) -> None:
         self._broker.stats.wire_bytes_out += len(data)
         transport = self._transport
         assert transport is not None
         transport.write(data)
 
-    def _close(self) -> None:
+    def pause_reading(self) -> None:
+        transport = self._transport
+        assert transport is not None
+        transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        transport = self._transport
+        assert transport is not None
+        transport.resume_reading()
+
+    def close(self) -> None:
         """Half-close, drain briefly, then close (see CLOSE_DRAIN_SECONDS). The broker is done
         with the connection at once: its session and will do not wait for the drain."""
         transport = self._transport
@@ -89,6 +101,8 @@ class MqttProtocol(asyncio.Protocol):
             transport.abort()  # a client that does not read for that long gets nothing more
         else:
             transport.close()
+
+    # -- asyncio.Protocol ------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
         if self._draining:

@@ -104,6 +104,8 @@ class EdgeNode:
             loop.call_soon(broker.sync_sessions)
 
         broker.request_session_sync = request_session_sync
+        broker.clock = loop.time
+        broker.call_later = loop.call_later
         committer.start()
         self._committer = committer
         self._server = await loop.create_server(

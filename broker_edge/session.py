@@ -5,11 +5,19 @@ deliveries awaiting PUBACK (or PUBREC/PUBCOMP); messages beyond the window wait 
 which is bounded by ``max_queued``: when full, the oldest QoS 0 message is dropped first, then
 the new message is refused (counted in ``dropped``) — never unbounded growth. The same policy
 applies to ``max_queued_bytes`` (payload bytes waiting in the queue).
+
+Memory: there is one session per connected client, and most clients of a fleet sit idle with
+nothing queued and no QoS 2 exchange open. An empty ``deque`` is 760 bytes and an empty ``set``
+216 (CPython 3.11), so the queue and the QoS 2 packet ids are created on first use and read
+through :attr:`Session.queue` / :attr:`Session.awaiting_rel` (issue 9: ≤ 3 KiB per idle
+connection).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
@@ -60,13 +68,50 @@ class Session:
     # MQTT 5 subscription identifiers by topic filter [MQTT-3.8.2.1.2].
     subscription_ids: dict[str, int] = field(default_factory=dict)
     inflight: dict[int, Outbound] = field(default_factory=dict)
-    queue: deque[Pending] = field(default_factory=deque)
+    # Created on first use (see the module's docstring): read them through queue/awaiting_rel.
+    _queue: deque[Pending] | None = None
     # Inbound QoS 2 packet ids received and not yet released by PUBREL [MQTT-4.3.3].
-    awaiting_rel: set[int] = field(default_factory=set)
+    _awaiting_rel: set[int] | None = None
     dropped: int = 0
     connection: Connection | None = None
     disconnected_at: float | None = None
     _next_packet_id: int = 1
+
+    @property
+    def queue(self) -> Sequence[Pending]:
+        """The deliveries waiting, oldest first (read only: use enqueue/pop/clear_queue)."""
+        queue = self._queue
+        return queue if queue is not None else ()
+
+    @property
+    def awaiting_rel(self) -> AbstractSet[int]:
+        """Inbound QoS 2 packet ids received and not yet released (read only)."""
+        ids = self._awaiting_rel
+        return ids if ids is not None else _NO_IDS
+
+    def hold_rel(self, packet_id: int) -> None:
+        """An inbound QoS 2 publish was accepted: its id waits for the client's PUBREL."""
+        if self._awaiting_rel is None:
+            self._awaiting_rel = set()
+        self._awaiting_rel.add(packet_id)
+
+    def release_rel(self, packet_id: int) -> bool:
+        """The exchange of ``packet_id`` ended; False if it was not open."""
+        ids = self._awaiting_rel
+        if ids is None or packet_id not in ids:
+            return False
+        ids.discard(packet_id)
+        if not ids:
+            self._awaiting_rel = None
+        return True
+
+    def restore(self, queued: Iterable[Pending], awaiting_rel: Iterable[int]) -> None:
+        """Put back a snapshot's queue and QoS 2 ids as they were (no bounds applied: they
+        were within them when the snapshot was taken)."""
+        for pending in queued:
+            self._append(pending)
+        for pid in awaiting_rel:
+            self.hold_rel(pid)
 
     def next_packet_id(self) -> int | None:
         """A packet id not in use by an in-flight delivery [MQTT-2.3.1-2], or None if all are."""
@@ -84,30 +129,47 @@ class Session:
     def enqueue(self, pending: Pending) -> bool:
         """Queue a delivery; False when it had to be dropped because the queue is full."""
         size = len(pending.message.payload)
-        while len(self.queue) >= self.max_queued or (
-            self.queue and self.queued_bytes + size > self.max_queued_bytes
+        queue = self.queue
+        while len(queue) >= self.max_queued or (
+            queue and self.queued_bytes + size > self.max_queued_bytes
         ):
             if pending.qos == QoS.AT_MOST_ONCE or not self._drop_oldest_qos0():
                 self.dropped += 1
                 return False
-        self.queue.append(pending)
-        self.queued_bytes += size
+        self._append(pending)
         return True
 
+    def _append(self, pending: Pending) -> None:
+        if self._queue is None:
+            self._queue = deque()
+        self._queue.append(pending)
+        self.queued_bytes += len(pending.message.payload)
+
     def pop(self) -> Pending:
-        pending = self.queue.popleft()
+        """The oldest delivery waiting; the queue must not be empty."""
+        queue = self._queue
+        assert queue is not None
+        pending = queue.popleft()
         self.queued_bytes -= len(pending.message.payload)
+        if not queue:
+            self._queue = None  # an idle session holds no empty deque
         return pending
 
     def clear_queue(self) -> None:
-        self.queue.clear()
+        self._queue = None
         self.queued_bytes = 0
 
     def _drop_oldest_qos0(self) -> bool:
-        for i, queued in enumerate(self.queue):
+        queue = self._queue
+        if queue is None:
+            return False
+        for i, queued in enumerate(queue):
             if queued.qos == QoS.AT_MOST_ONCE:
-                del self.queue[i]
+                del queue[i]
                 self.queued_bytes -= len(queued.message.payload)
                 self.dropped += 1
                 return True
         return False
+
+
+_NO_IDS: frozenset[int] = frozenset()

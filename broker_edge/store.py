@@ -235,9 +235,11 @@ def _session_from(d: dict[str, Any], max_queued: int, max_inflight: int, since: 
             bool(out["retain"]),
             OutState[out["state"]],
         )
-    for pending in d["queue"]:
-        session.queue.append(
-            Pending(_message_from(pending["message"]), QoS(pending["qos"]), bool(pending["retain"]))
-        )
-    session.awaiting_rel.update(int(pid) for pid in d["awaiting_rel"])
+    session.restore(
+        (
+            Pending(_message_from(p["message"]), QoS(p["qos"]), bool(p["retain"]))
+            for p in d["queue"]
+        ),
+        (int(pid) for pid in d["awaiting_rel"]),
+    )
     return session

@@ -99,7 +99,7 @@ def test_slow_subscriber_never_grows_memory_without_bound(make_edge, make_client
     def state() -> tuple[int, int, int]:
         broker = edge.node.broker
         session = broker.sessions[("default", "slow")]
-        buffered = session.connection.write.__self__._transport.get_write_buffer_size()
+        buffered = session.connection.io._transport.get_write_buffer_size()
         return len(session.queue), session.queued_bytes, broker.stats.dropped, buffered
 
     queued, queued_bytes, dropped, buffered = edge.call(state)

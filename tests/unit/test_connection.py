@@ -82,6 +82,20 @@ class FakeJournal:
             callback()
 
 
+def _noop() -> None:
+    pass
+
+
+class FakeIO:
+    """A connection's transport: each part replaceable by a test."""
+
+    def __init__(self, write: Callable[[bytes], None], close: Callable[[], None] = _noop) -> None:
+        self.write = write
+        self.close = close
+        self.pause_reading: Callable[[], None] = _noop
+        self.resume_reading: Callable[[], None] = _noop
+
+
 class Peer:
     """A client's view of one Connection: send packets, read decoded replies."""
 
@@ -90,14 +104,13 @@ class Peer:
         self.version = version
         self.conn = Connection(broker, "test:1", now=0.0)
         self.wire: list[bytes] = []
-        self.conn.write = self.wire.append
         self.closed = False
-
-        def _close() -> None:
-            self.closed = True
-
-        self.conn.close_transport = _close
+        self.io = FakeIO(self.wire.append, self._close)
+        self.conn.io = self.io
         self.decoder = Decoder(protocol_version=version)
+
+    def _close(self) -> None:
+        self.closed = True
 
     def send(self, packet: Packet, now: float = 0.0) -> None:
         try:
@@ -218,8 +231,8 @@ def test_publisher_paused_while_journal_is_behind_and_resumed_after(journal):
     peer = connected(broker, "fast", ProtocolVersion.MQTT_3_1_1)
     journal.make_durable()  # the connect log event
     calls: list[str] = []
-    peer.conn.pause_reading = lambda: calls.append("pause")
-    peer.conn.resume_reading = lambda: calls.append("resume")
+    peer.io.pause_reading = lambda: calls.append("pause")
+    peer.io.resume_reading = lambda: calls.append("resume")
     for i in range(4):
         peer.send(Publish(topic="t", payload=b"x", qos=QoS.AT_LEAST_ONCE, packet_id=i + 1))
     assert calls == []  # 4 records behind: at the limit, still reading
@@ -248,9 +261,11 @@ class Reading:
     def __init__(self, conn: Connection) -> None:
         self.paused = False
         self.timers: list[tuple[float, Callable[[], None]]] = []
-        conn.pause_reading = self._pause
-        conn.resume_reading = self._resume
-        conn.call_later = lambda delay, callback: self.timers.append((delay, callback))
+        io = conn.io
+        assert isinstance(io, FakeIO)
+        io.pause_reading = self._pause
+        io.resume_reading = self._resume
+        conn.broker.call_later = lambda delay, callback: self.timers.append((delay, callback))
 
     def _pause(self) -> None:
         self.paused = True

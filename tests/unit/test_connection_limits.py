@@ -36,7 +36,7 @@ def test_a_read_that_takes_too_long_is_handled_in_turns() -> None:
     broker = _broker(max_turn_seconds=0.005)
     peer = connected(broker, "slow", V5)
     ticks = iter(range(1000))
-    peer.conn.clock = lambda: next(ticks) / 1000  # every packet handled takes 1 ms
+    broker.clock = lambda: next(ticks) / 1000  # every packet handled takes 1 ms
     read = b"".join(encode(Publish(topic="t", payload=b"%d" % i), V5) for i in range(20))
     assert peer.conn.receive(read, 0.0) is True  # yields after ~5 ms of work
     handled = len(broker.journal.device)  # type: ignore[attr-defined]
@@ -104,8 +104,8 @@ def _paused_by_its_backlog() -> tuple[Broker, Peer, list[bool]]:
     broker = _broker(max_journal_backlog_bytes_per_client=100_000)
     peer = connected(broker, "big", V5)
     paused: list[bool] = []
-    peer.conn.pause_reading = lambda: paused.append(True)
-    peer.conn.resume_reading = lambda: paused.append(False)
+    peer.io.pause_reading = lambda: paused.append(True)
+    peer.io.resume_reading = lambda: paused.append(False)
     read = b"".join(encode(Publish(topic="t", payload=b"x" * 30_000), V5) for _ in range(4))
     peer.conn.receive(read, 0.0)
     peer.conn.end_turn()  # what the listener does after each turn

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from test_connection import FakeIO
 
 from broker_edge.broker import Broker
 from broker_edge.codec import Decoder, encode
@@ -66,7 +67,7 @@ class Peer:
         self.broker = broker
         self.conn = Connection(broker, f"test:{client_id}", now=0.0)
         self.wire: list[bytes] = []
-        self.conn.write = self.wire.append
+        self.conn.io = FakeIO(self.wire.append)
         self.decoder = Decoder(protocol_version=V4)
         self.send(Connect(client_id=client_id, protocol_version=V4, clean_start=clean))
         self.replies()
