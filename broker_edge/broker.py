@@ -172,6 +172,7 @@ class Broker:
         journal: Journal,
         wall_clock_us: Callable[[], int] = lambda: time.time_ns() // 1000,
         tenants: TenantsConfig | None = None,
+        local_operator_token: str | None = None,
     ) -> None:
         self.settings = settings
         self.journal = journal
@@ -186,7 +187,7 @@ class Broker:
         self.connections: dict[tuple[str, str], Connection] = {}
         self.dirty: set[Connection] = set()
         self.stats = Stats()
-        self.tenancy = Tenancy(self, tenants)
+        self.tenancy = Tenancy(self, tenants, local_operator_token)
         self.valid_topics: set[str] = set()
         self.valid_topic_chars = 0  # characters in valid_topics (see connection.py)
         # Set when a persistent session's shape changes (created, subscribed, dropped): the node

@@ -26,6 +26,8 @@ from broker_edge.settings import EdgeSettings
 from broker_edge.sysstats import SysTree, installed_version, sample
 from broker_edge.tenants import load as tenants_load
 from ingest.journal import OS_FILES, FileOps, JournalReader, JournalWriter
+from schemas import operator_token
+from schemas.operator_token import OperatorTokenError
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +74,15 @@ class EdgeNode:
     async def start(self) -> None:
         settings = self.settings
         loop = asyncio.get_running_loop()
+        tenants = tenants_load(self.tenants_file) if self.tenants_file is not None else None
+        # No operator token configured: the edge's own, for the local pipeline's journal
+        # notices (schemas.operator_token), or the journal would never be trimmed.
+        local_token = None
+        if tenants is None or tenants.operator_token is None:
+            try:
+                local_token = operator_token.ensure(settings.data_dir)
+            except (OperatorTokenError, OSError) as exc:
+                raise ConfigError(str(exc)) from exc
         writer = await loop.run_in_executor(
             None,
             lambda: JournalWriter.open(
@@ -82,14 +93,13 @@ class EdgeNode:
                 files=self._journal_files,
             ),
         )
-        tenants = tenants_load(self.tenants_file) if self.tenants_file is not None else None
         committer = GroupCommitter(
             writer,
             max_bytes=settings.journal_max_bytes,
             min_free_bytes=settings.journal_min_free_bytes,
             retention_seconds=settings.journal_retention_hours * 3600,
         )
-        broker = Broker(settings, committer, tenants=tenants)
+        broker = Broker(settings, committer, tenants=tenants, local_operator_token=local_token)
         committer.on_commit = broker.after_commit
         committer.on_state = broker.journal_status_changed
         broker.on_journal_status = self._journal_status_changed

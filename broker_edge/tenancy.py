@@ -2,13 +2,17 @@
 
 The broker routes; this decides. A connection's token (its MQTT username) gives its tenant and
 access rules (:mod:`broker_edge.tenants`). Without a tenants file the edge serves one anonymous
-default tenant. Every decision worth knowing is a log event published in the tenant's
-namespace on ``$log/{origin}/{event}`` (journaled like any publish; see :mod:`broker_edge.plim`);
-events without a tenant (a bad token, garbage before CONNECT) go to the operator's namespace.
+default tenant. When no ``[operator]`` token is configured, the edge's own local one
+(:mod:`schemas.operator_token`, in its data dir) is the operator's: the pipeline on this
+machine uses it to send the journal notices that drive retention. Every decision worth knowing
+is a log event published in the tenant's namespace on ``$log/{origin}/{event}`` (journaled like
+any publish; see :mod:`broker_edge.plim`); events without a tenant (a bad token, garbage before
+CONNECT) go to the operator's namespace.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +33,7 @@ from broker_edge.plim import (
     log_event,
     quota_event,
 )
-from broker_edge.tenants import ALLOW_ALL, OPERATOR_TENANT, Limits, TenantsConfig
+from broker_edge.tenants import ALLOW_ALL, OPERATOR_TENANT, Grant, Limits, TenantsConfig
 from schemas import topics
 from schemas.control import ControlMessageError, JournalCommitted
 from schemas.names import DEFAULT_TENANT, GAUGE_METRICS
@@ -46,10 +50,19 @@ EDGE_CLIENT_ID = topics.EDGE_CLIENT_ID
 OPERATOR_PREFIXES = (CONTROL_PREFIX, topics.JOURNAL_CONTROL_TOPIC_PREFIX)
 
 
+_ANONYMOUS = Grant(DEFAULT_TENANT, ALLOW_ALL)
+_OPERATOR = Grant(OPERATOR_TENANT, ALLOW_ALL, operator=True)
+
+
 class Tenancy:
-    def __init__(self, broker: Broker, config: TenantsConfig | None) -> None:
+    def __init__(
+        self, broker: Broker, config: TenantsConfig | None, local_operator_token: str | None = None
+    ) -> None:
         self.broker = broker
         self.config = config
+        # The operator token the edge made in its data dir when none is configured (valid for
+        # as long as the edge runs, whatever a reloaded tenants file says).
+        self.local_operator_token = local_operator_token
         self.usage: dict[str, TenantUsage] = {}
         self.quota: dict[str, dict[str, QuotaDecision]] = {}
         self.blocked: set[str] = set()
@@ -74,21 +87,18 @@ class Tenancy:
     def authenticate(self, conn: Connection, packet: Connect) -> int | None:
         """Bind the connection to its tenant, or return the CONNACK code that refuses it."""
         v5 = conn.version == ProtocolVersion.MQTT_5
-        if self.config is None:
-            conn.tenant, conn.acl, conn.operator = DEFAULT_TENANT, ALLOW_ALL, False
-        else:
-            grant = self.config.grant(packet.username)
-            if grant is None:
-                # Journaled in the operator's namespace for anyone who tries: keep it small.
-                self.log(
-                    OPERATOR_TENANT,
-                    "auth_failed",
-                    truncated(conn.client_id),
-                    {"peer": conn.peer, "username": packet.username is not None},
-                )
-                # The issue names 0x86 (bad user name or password: the token) for MQTT 5.
-                return ReasonCode.BAD_USER_NAME_OR_PASSWORD if v5 else ConnackCode311.NOT_AUTHORIZED
-            conn.tenant, conn.acl, conn.operator = grant.tenant, grant.acl, grant.operator
+        grant = self.grant(packet.username)
+        if grant is None:
+            # Journaled in the operator's namespace for anyone who tries: keep it small.
+            self.log(
+                OPERATOR_TENANT,
+                "auth_failed",
+                truncated(conn.client_id),
+                {"peer": conn.peer, "username": packet.username is not None},
+            )
+            # The issue names 0x86 (bad user name or password: the token) for MQTT 5.
+            return ReasonCode.BAD_USER_NAME_OR_PASSWORD if v5 else ConnackCode311.NOT_AUTHORIZED
+        conn.tenant, conn.acl, conn.operator = grant.tenant, grant.acl, grant.operator
         conn.token = packet.username
         conn.usage = self.usage_of(conn.tenant)
         limits = self.limits(conn.tenant)
@@ -122,6 +132,20 @@ class Tenancy:
             return refusal
         return None
 
+    def grant(self, token: str | None) -> Grant | None:
+        """What ``token`` (a CONNECT's user name) gives; None: refused. Without a tenants file
+        every client is the anonymous tenant's, except the holder of the local operator token."""
+        local = self.local_operator_token
+        if (
+            local is not None
+            and token is not None
+            and hmac.compare_digest(token.encode(), local.encode())
+        ):
+            return _OPERATOR
+        if self.config is None:
+            return _ANONYMOUS
+        return self.config.grant(token)
+
     def reload(self, config: TenantsConfig | None) -> None:
         """A new tenants file (SIGHUP): connections keep running under their token's new rules;
         a token that no longer exists, or now names another tenant, is disconnected."""
@@ -129,7 +153,7 @@ class Tenancy:
         for conn in list(self.broker.connections.values()):
             if config is None:
                 continue
-            grant = config.grant(conn.token)
+            grant = self.grant(conn.token)
             if grant is None or grant.tenant != conn.tenant:
                 conn.will = None  # nobody vouches for it any more
                 conn.close(ReasonCode.NOT_AUTHORIZED, reason_string="token revoked")

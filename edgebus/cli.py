@@ -19,6 +19,8 @@ from typing import IO, Any
 from broker_edge.errors import ConfigError
 from edgebus import logs_cli, quality_cli, sql_cli, usage_cli
 from edgebus.settings import SettingsError, load_edge, load_pipeline
+from schemas import operator_token
+from schemas.operator_token import OperatorTokenError
 from streaming.errors import PipelineConfigError
 
 log = logging.getLogger("edgebus")
@@ -61,7 +63,8 @@ def _parser() -> argparse.ArgumentParser:
         type=_host_port,
         action="append",
         default=[],
-        help="HOST:PORT of an edge to send quota decisions to (repeatable)",
+        help="HOST:PORT of an edge to send quota decisions and journal notices to (repeatable); "
+        "without --tenants the notices use the operator token the edge made in the data dir",
     )
 
     run = sub.add_parser("run", help="the embedded default: one edge plus the pipeline")
@@ -137,7 +140,11 @@ def _edge(args: argparse.Namespace) -> int:
         except ConfigError as exc:
             print(f"edgebus: bad tenants file: {exc}", file=sys.stderr)
             return 2
-    runner(_serve_edge(settings, args.tenants))
+    try:
+        runner(_serve_edge(settings, args.tenants))
+    except ConfigError as exc:  # e.g. an unsafe operator.token in the data dir
+        print(f"edgebus: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -208,8 +215,14 @@ def _pipeline(args: argparse.Namespace) -> int:
         if not args.broker:
             log.warning("no --broker: quota decisions are recorded, not sent to any edge")
         quota = _quota_settings(args.tenants, tenants.operator_token, args.broker)
+        notices = None
     else:
         quota = None
+        try:
+            notices = _local_notices(settings.data_dir, args.broker)
+        except OperatorTokenError as exc:
+            print(f"edgebus: {exc}", file=sys.stderr)
+            return 2
     from streaming import pipeline
     from streaming.session import delta_jars
 
@@ -220,7 +233,7 @@ def _pipeline(args: argparse.Namespace) -> int:
         return 2
     if stop.is_set():
         return 0  # stopped before Spark started
-    pipeline.run(settings, once=args.once, stop=stop, quota=quota)
+    pipeline.run(settings, once=args.once, stop=stop, quota=quota, notices=notices)
     return 0
 
 
@@ -269,6 +282,25 @@ def _reread_tenants(path: Path | None) -> None:
         path,
         len(config.tenants),
     )
+
+
+def _local_notices(data_dir: Path, brokers: list[tuple[str, int]]) -> Any:
+    """Without a tenants file: the journal notices go to ``brokers`` with the operator token
+    the edge made in ``data_dir`` (schemas.operator_token); None when there is nothing to
+    send them to or with."""
+    from streaming.quota_settings import NoticeSettings
+
+    if not brokers:
+        return None  # a pipeline on journals alone (no edge to tell)
+    token = operator_token.read(data_dir)
+    if token is None:
+        log.warning(
+            "no %s (an edge makes it when it starts on this data dir): journal notices are "
+            "not sent, the edges keep their journals",
+            operator_token.token_path(data_dir),
+        )
+        return None
+    return NoticeSettings(operator_token=token, brokers=tuple(brokers))
 
 
 def _quota_settings(path: Path, token: str, brokers: list[tuple[str, int]]) -> Any:
@@ -324,8 +356,8 @@ def _run(args: argparse.Namespace) -> int:
     if not listening:
         return edge.wait() or 1  # it said why on stderr
     port = int(listening.rsplit(b":", 1)[1])
-    if args.tenants:
-        pipe_cmd += ["--broker", f"{host}:{port}"]
+    # Quota decisions and journal notices (without a tenants file: with the edge's own token).
+    pipe_cmd += ["--broker", f"{host}:{port}"]
     children = [edge, subprocess.Popen(pipe_cmd, preexec_fn=_die_with_parent)]  # noqa: PLW1509
     # The edge's line, then ours, in this order (scripts read them), before the relay starts.
     sys.stdout.buffer.write(listening)

@@ -30,7 +30,8 @@ driver's memory does not grow with the batch (BENCHMARKS.md, issue 18).
 Retention (issue 9): once every table has committed a batch *and* Spark has marked it done in
 the checkpoint (``commits/{batch_id}``), each node's last seq in it is what the lake holds of
 that node's journal for good: no replay will ask for those records again. With edges to tell
-(``--broker`` and the operator token of the quota settings) it goes to them retained on
+(``--broker`` and the operator token: the quota settings', or without a tenants file the
+edge's own from the data dir, ``schemas.operator_token``) it goes to them retained on
 ``$control/journal/{node}``, and each edge deletes the journal segments the lake has. Spark
 marks a batch done after ``foreachBatch`` returns, so a batch's notice goes out when the next
 batch starts (or when the query stops), never from inside its own ``foreachBatch``: a crash
@@ -60,7 +61,7 @@ from streaming.job import check_checkpoint, journal_stream, start_query
 from streaming.logs import logs_writer
 from streaming.maintenance import MaintenanceSchedule, spark_maintainer
 from streaming.quality import QualitySchedule
-from streaming.quota_settings import QuotaSettings
+from streaming.quota_settings import NoticeSettings, QuotaSettings
 from streaming.schedule import IntervalSchedule
 from streaming.session import build_spark
 from streaming.settings import PipelineSettings
@@ -81,7 +82,12 @@ STOP_GRACE_SECONDS = 30.0
 class TableFanout:
     """The ``foreachBatch`` function: one micro-batch of journal records into every table."""
 
-    def __init__(self, settings: PipelineSettings, quota: QuotaSettings | None) -> None:
+    def __init__(
+        self,
+        settings: PipelineSettings,
+        quota: QuotaSettings | None,
+        notices: NoticeSettings | None = None,
+    ) -> None:
         self._commits = settings.checkpoint_path(JOB) / "commits"
         # A batch's last seq per node, until Spark has marked the batch done.
         self._pending: tuple[int, dict[str, int]] | None = None
@@ -91,11 +97,12 @@ class TableFanout:
             route.LOGS: logs_writer(settings),
         }
         # One connection per edge for the quota decisions and the journal notices.
+        edges = quota if quota is not None else notices
         self.publisher = (
             DecisionPublisher(
-                quota.brokers, quota.operator_token, timeout=quota.publish_timeout_seconds
+                edges.brokers, edges.operator_token, timeout=edges.publish_timeout_seconds
             )
-            if quota is not None
+            if edges is not None
             else None
         )
         self.usage = UsageStep(settings, quota, self.publisher)
@@ -185,10 +192,13 @@ def start(
 
 
 def _start(
-    spark: SparkSession, settings: PipelineSettings, quota: QuotaSettings | None
+    spark: SparkSession,
+    settings: PipelineSettings,
+    quota: QuotaSettings | None,
+    notices: NoticeSettings | None = None,
 ) -> tuple[StreamingQuery, TableFanout]:
     checkpoint = settings.checkpoint_path(JOB)
-    fanout = TableFanout(settings, quota)
+    fanout = TableFanout(settings, quota, notices)
     for writer in fanout.writers:
         check_checkpoint(checkpoint, writer)
     query = start_query(
@@ -215,8 +225,11 @@ def run(
     stop: threading.Event | None = None,
     spark: SparkSession | None = None,
     quota: QuotaSettings | None = None,
+    notices: NoticeSettings | None = None,
 ) -> None:
     """Run the journal query (with the quota step when ``quota`` is given).
+
+    The journal notices go to the edges of ``quota``, or without it to those of ``notices``.
 
     ``once``: process everything available now, then return. Otherwise run until ``stop`` is
     set (never, without one), re-raising the query's error if it fails; meanwhile the quality
@@ -230,7 +243,7 @@ def run(
     fanout: TableFanout | None = None
     schedules: list[IntervalSchedule] = []
     try:
-        query, fanout = _start(session, settings, quota)
+        query, fanout = _start(session, settings, quota, notices)
         if once:
             query.processAllAvailable()
             logger.info("%s: caught up", query.name)

@@ -60,16 +60,33 @@ class QuotaSettings:
     def __post_init__(self) -> None:
         if not callable(self.load_limits):
             raise PipelineConfigError("quota.load_limits: must be a callable")
-        if not self.operator_token:
-            raise PipelineConfigError("quota.operator_token: must not be empty")
-        for host, port in self.brokers:
-            if not host:
-                raise PipelineConfigError(f"quota.brokers: empty host in {host}:{port}")
-            if not 0 < port < 65536:
-                raise PipelineConfigError(f"quota.brokers: port must be 1..65535, got {port}")
+        _check_edges("quota", self.operator_token, self.brokers, self.publish_timeout_seconds)
         if not (0 < self.warn_ratio <= 1 and math.isfinite(self.warn_ratio)):
             raise PipelineConfigError(f"quota.warn_ratio: must be in (0, 1], got {self.warn_ratio}")
-        if not self.publish_timeout_seconds > 0:
-            raise PipelineConfigError(
-                f"quota.publish_timeout_seconds: must be > 0, got {self.publish_timeout_seconds}"
-            )
+
+
+@dataclass(frozen=True, slots=True)
+class NoticeSettings:
+    """The edges to send the journal notices to without the quota step (no tenants file): the
+    operator token is the edge's own, read from the data dir (``schemas.operator_token``)."""
+
+    operator_token: str
+    brokers: tuple[tuple[str, int], ...] = ()
+    publish_timeout_seconds: float = 10.0
+
+    def __post_init__(self) -> None:
+        _check_edges("notices", self.operator_token, self.brokers, self.publish_timeout_seconds)
+
+
+def _check_edges(
+    where: str, token: str, brokers: tuple[tuple[str, int], ...], timeout: float
+) -> None:
+    if not token:
+        raise PipelineConfigError(f"{where}.operator_token: must not be empty")
+    for host, port in brokers:
+        if not host:
+            raise PipelineConfigError(f"{where}.brokers: empty host in {host}:{port}")
+        if not 0 < port < 65536:
+            raise PipelineConfigError(f"{where}.brokers: port must be 1..65535, got {port}")
+    if not timeout > 0:
+        raise PipelineConfigError(f"{where}.publish_timeout_seconds: must be > 0, got {timeout}")

@@ -8,17 +8,15 @@ without a restart. Afterwards every acknowledged publish is in the journal exact
 from __future__ import annotations
 
 import os
-import queue
 import resource
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
-import paho.mqtt.client as mqtt
 import pytest
+from v5_publisher import V5Publisher
 
 from ingest.journal import JournalReader
 
@@ -49,38 +47,12 @@ def _start_edge(data_dir: Path, log: Path, *, limited: bool) -> tuple[subprocess
     return proc, int(line.rsplit(":", 1)[1])
 
 
-class Publisher:
-    """MQTT 5 QoS 1 publishes, one at a time, each answered with its PUBACK reason code."""
-
-    def __init__(self, port: int) -> None:
-        self.acks: queue.Queue[tuple[int, int]] = queue.Queue()
-        self.paho = mqtt.Client(
-            mqtt.CallbackAPIVersion.VERSION2, client_id="fsize", protocol=mqtt.MQTTv5
-        )
-        self.paho.on_publish = lambda c, u, mid, rc, props: self.acks.put((mid, rc.value))
-        connected = threading.Event()
-        self.paho.on_connect = lambda *args: connected.set()
-        self.paho.connect("127.0.0.1", port)
-        self.paho.loop_start()
-        assert connected.wait(TIMEOUT)
-
-    def publish(self, payload: bytes) -> int:
-        info = self.paho.publish("fleet/v1/telemetry", payload, qos=1)
-        mid, code = self.acks.get(timeout=TIMEOUT)  # never silence: an answer, in time
-        assert mid == info.mid
-        return code
-
-    def close(self) -> None:
-        self.paho.disconnect()
-        self.paho.loop_stop()
-
-
 def test_file_size_limit_refuses_then_resumes_without_restart(tmp_path: Path) -> None:
     data_dir, log = tmp_path / "data", tmp_path / "edge.log"
     edge, port = _start_edge(data_dir, log, limited=True)
     acked: list[bytes] = []
     try:
-        pub = Publisher(port)
+        pub = V5Publisher(port, None, client_id="fsize")
         code, i = 0, 0
         while code == 0:
             payload = b"%06d" % i + b"x" * 1000

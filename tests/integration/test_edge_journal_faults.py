@@ -17,6 +17,7 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
+from v5_publisher import V5Publisher
 
 from ingest.journal import FileOps, JournalReader, list_segments
 from sinks.mqtt import DecisionPublisher
@@ -46,33 +47,6 @@ class FailingSync(FileOps):
         if err:
             raise OSError(err, os.strerror(err))
         super().datasync(fd)
-
-
-class V5Publisher:
-    """A paho MQTT 5 client that publishes and returns the PUBACK reason code."""
-
-    def __init__(self, port: int, username: str) -> None:
-        self.acks: queue.Queue[tuple[int, int]] = queue.Queue()
-        self.paho = mqtt.Client(
-            mqtt.CallbackAPIVersion.VERSION2, client_id="pub-v5", protocol=mqtt.MQTTv5
-        )
-        self.paho.username_pw_set(username)
-        self.paho.on_publish = lambda c, u, mid, rc, props: self.acks.put((mid, rc.value))
-        connected = threading.Event()
-        self.paho.on_connect = lambda *args: connected.set()
-        self.paho.connect("127.0.0.1", port)
-        self.paho.loop_start()
-        assert connected.wait(TIMEOUT)
-
-    def publish(self, payload: bytes, qos: int = 1) -> int:
-        info = self.paho.publish("fleet/v1/telemetry", payload, qos=qos)
-        mid, code = self.acks.get(timeout=TIMEOUT)
-        assert mid == info.mid
-        return code
-
-    def close(self) -> None:
-        self.paho.disconnect()
-        self.paho.loop_stop()
 
 
 def watch(make_client: Any, port: int) -> Any:
