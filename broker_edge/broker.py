@@ -303,23 +303,24 @@ class Broker:
                 max_queued_bytes=self.settings.max_queued_bytes,
                 disconnected_at=now,
             )
-            self._add_session(session)
+            self._add_session(session, key)
         if op == "open":
             session.expiry_interval = int(record["x"])
         elif op == "sub":
             sub = subscription_from(record["sub"])
             session.subscriptions[sub.topic_filter] = sub
             if record.get("id") is not None:
-                session.subscription_ids[sub.topic_filter] = int(record["id"])
+                session.set_subscription_id(sub.topic_filter, int(record["id"]))
             self._install_subscription(session, sub.topic_filter, sub)
         elif op == "unsub":
             full = record["f"]
-            session.subscription_ids.pop(full, None)
+            session.set_subscription_id(full, None)
             if session.subscriptions.pop(full, None) is not None:
                 self._remove_subscription(self.namespace(session.tenant), key[1], full)
 
-    def _add_session(self, session: Session) -> None:
-        self.sessions[(session.tenant, session.client_id)] = session
+    def _add_session(self, session: Session, key: tuple[str, str]) -> None:
+        """``key`` is ``(session.tenant, session.client_id)``."""
+        self.sessions[key] = session
         counts = self.session_counts
         counts[session.tenant] = counts.get(session.tenant, 0) + 1
 
@@ -372,7 +373,7 @@ class Broker:
                 max_inflight=self.settings.max_inflight_messages,
                 max_queued_bytes=self.settings.max_queued_bytes,
             )
-            self._add_session(session)
+            self._add_session(session, key)  # the key of self.connections too: one tuple
         # Never more unacknowledged deliveries than the client's receive maximum
         # [MQTT-3.3.4-7].
         session.max_inflight = min(self.settings.max_inflight_messages, conn.receive_maximum_out)
@@ -492,7 +493,7 @@ class Broker:
         for topic_filter in session.subscriptions:
             self._remove_subscription(ns, session.client_id, topic_filter)
         session.subscriptions.clear()
-        session.subscription_ids.clear()
+        session.clear_subscription_ids()
         session.inflight.clear()
         session.clear_queue()
         key = (session.tenant, session.client_id)
@@ -915,9 +916,9 @@ class Broker:
             is_new = full not in session.subscriptions
             session.subscriptions[full] = sub
             if subscription_id is not None:
-                session.subscription_ids[full] = subscription_id
+                session.set_subscription_id(full, subscription_id)
             else:
-                session.subscription_ids.pop(full, None)
+                session.set_subscription_id(full, None)
             if not session.clean:  # its SUBACK waits until this is durable
                 self._log_session_change(
                     session, "sub", conn, sub=subscription_doc(full, sub), id=subscription_id
@@ -954,7 +955,7 @@ class Broker:
         found = []
         for topic_filter in topic_filters:
             had = session.subscriptions.pop(topic_filter, None) is not None
-            session.subscription_ids.pop(topic_filter, None)
+            session.set_subscription_id(topic_filter, None)
             if had:
                 self._remove_subscription(ns, conn.client_id, topic_filter)
                 if not session.clean:
@@ -986,7 +987,7 @@ class Broker:
         """Install sessions and retained messages read from a snapshot (before serving)."""
         for session in sessions:
             session.max_queued_bytes = self.settings.max_queued_bytes  # not in the snapshot
-            self._add_session(session)
+            self._add_session(session, (session.tenant, session.client_id))
             for full, sub in session.subscriptions.items():
                 self._install_subscription(session, full, sub)
         for message in retained:

@@ -768,6 +768,9 @@ _DECODERS: Final[tuple[_BodyDecoder, ...]] = (
 # -- the decoder ----------------------------------------------------------------------------------
 
 
+_NO_CHUNKS: list[bytes] = []
+
+
 class Decoder:
     """Incremental MQTT packet decoder: ``feed`` bytes, then take packets from ``next_packet``.
 
@@ -796,7 +799,9 @@ class Decoder:
             raise LocalProtocolError(f"max_packet_size {max_packet_size} is below 2")
         self._data = b""
         self._pos = 0
-        self._chunks: list[bytes] = []
+        # Shared and never appended to while empty (feed replaces it): an idle connection's
+        # decoder holds no list of its own.
+        self._chunks: list[bytes] = _NO_CHUNKS
         self._chunked = 0  # bytes in _chunks
         self.max_packet_size = max_packet_size
         self.protocol_version = protocol_version
@@ -811,7 +816,10 @@ class Decoder:
             self._data = bytes(data)  # the same object when it is bytes already
             self._pos = 0
         elif data:
-            self._chunks.append(bytes(data))
+            if self._chunks:
+                self._chunks.append(bytes(data))
+            else:
+                self._chunks = [bytes(data)]
             self._chunked += len(data)
 
     def packets(self) -> Iterator[Packet]:
@@ -898,7 +906,7 @@ class Decoder:
     def _join_and_retry(self) -> Packet | None:
         self._data = b"".join((memoryview(self._data)[self._pos :], *self._chunks))
         self._pos = 0
-        self._chunks.clear()
+        self._chunks = _NO_CHUNKS
         self._chunked = 0
         return self.next_packet()
 

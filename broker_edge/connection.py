@@ -121,7 +121,6 @@ class Connection:
 
     # One per client: slots keep an idle connection small (no per-instance __dict__).
     __slots__ = (
-        "__weakref__",
         "_alias_in",
         "_alias_out",
         "acl",
@@ -204,7 +203,9 @@ class Connection:
         self.rate = 0.0  # messages per second allowed (token bucket); 0: unlimited
         self.bucket = 0.0
         self.bucket_at = now
-        self.out: list[bytes] = []
+        # Packets to write at the end of the turn. Shared and never appended to while empty
+        # (emit replaces it): an idle connection holds no list of its own.
+        self.out: list[bytes] = _NO_OUTPUT
         self.write_paused = False
         self.closing = False
         self.close_reason: int | None = None
@@ -298,9 +299,12 @@ class Connection:
     def emit(self, data: bytes) -> None:
         if self.state is _CLOSED:
             return
-        if not self.out:
+        out = self.out
+        if out:
+            out.append(data)
+        else:
+            self.out = [data]
             self.broker.dirty.add(self)
-        self.out.append(data)
 
     def send(self, packet: Packet) -> None:
         self.emit(encode(packet, self.version))
@@ -308,7 +312,7 @@ class Connection:
     def flush(self) -> None:
         if self.out:
             data = b"".join(self.out) if len(self.out) > 1 else self.out[0]
-            self.out.clear()
+            self.out = _NO_OUTPUT
             self.io.write(data)
         if self.closing and self.state is not ConnState.CLOSED:
             self.state = ConnState.CLOSED
@@ -808,6 +812,7 @@ class _NoIO:
 
 
 NO_IO: ConnectionIO = _NoIO()
+_NO_OUTPUT: list[bytes] = []  # see Connection.out
 _NO_USAGE = TenantUsage()  # replaced at CONNECT; nothing is counted before
 
 

@@ -10,16 +10,17 @@ Memory: there is one session per connected client, and most clients of a fleet s
 nothing queued and no QoS 2 exchange open. An empty ``deque`` is 760 bytes and an empty ``set``
 216 (CPython 3.11), so the queue and the QoS 2 packet ids are created on first use and read
 through :attr:`Session.queue` / :attr:`Session.awaiting_rel` (issue 9: ≤ 3 KiB per idle
-connection).
+connection); so are the MQTT 5 subscription identifiers.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from enum import Enum
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from broker_edge.message import Message
@@ -65,8 +66,9 @@ class Session:
     queued_bytes: int = 0
     expiry_interval: int = 0  # seconds after disconnect; 0xFFFFFFFF = never (MQTT 5)
     subscriptions: dict[str, Subscription] = field(default_factory=dict)
-    # MQTT 5 subscription identifiers by topic filter [MQTT-3.8.2.1.2].
-    subscription_ids: dict[str, int] = field(default_factory=dict)
+    # MQTT 5 subscription identifiers by topic filter [MQTT-3.8.2.1.2], created on first use:
+    # read them through subscription_ids, change them with set_subscription_id.
+    _subscription_ids: dict[str, int] | None = None
     inflight: dict[int, Outbound] = field(default_factory=dict)
     # Created on first use (see the module's docstring): read them through queue/awaiting_rel.
     _queue: deque[Pending] | None = None
@@ -76,6 +78,26 @@ class Session:
     connection: Connection | None = None
     disconnected_at: float | None = None
     _next_packet_id: int = 1
+
+    @property
+    def subscription_ids(self) -> Mapping[str, int]:
+        ids = self._subscription_ids
+        return ids if ids is not None else _NO_SUBSCRIPTION_IDS
+
+    def set_subscription_id(self, topic_filter: str, sub_id: int | None) -> None:
+        """Set (or with None, remove) the identifier of ``topic_filter``."""
+        ids = self._subscription_ids
+        if sub_id is not None:
+            if ids is None:
+                ids = self._subscription_ids = {}
+            ids[topic_filter] = sub_id
+        elif ids is not None:
+            ids.pop(topic_filter, None)
+            if not ids:
+                self._subscription_ids = None
+
+    def clear_subscription_ids(self) -> None:
+        self._subscription_ids = None
 
     @property
     def queue(self) -> Sequence[Pending]:
@@ -173,3 +195,4 @@ class Session:
 
 
 _NO_IDS: frozenset[int] = frozenset()
+_NO_SUBSCRIPTION_IDS: Mapping[str, int] = MappingProxyType({})
