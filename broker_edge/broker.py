@@ -49,7 +49,14 @@ from broker_edge.session import Outbound, OutState, Pending, Session
 from broker_edge.sessionlog import SessionLog, SessionLogError
 from broker_edge.settings import EdgeSettings
 from broker_edge.store import subscription_doc, subscription_from
-from broker_edge.tenancy import EDGE_CLIENT_ID, Tenancy
+from broker_edge.tenancy import (
+    EDGE_CLIENT_ID,
+    NOTHING,
+    Admission,
+    ControlOutcome,
+    LogEvent,
+    Tenancy,
+)
 from broker_edge.tenants import OPERATOR_TENANT, TenantsConfig
 from broker_edge.topics import parse_subscription_filter
 from broker_edge.trie import TopicTrie
@@ -187,7 +194,10 @@ class Broker:
         self.connections: dict[tuple[str, str], Connection] = {}
         self.dirty: set[Connection] = set()
         self.stats = Stats()
-        self.tenancy = Tenancy(self, tenants, local_operator_token)
+        self.tenancy = Tenancy(tenants, settings.node_id, local_operator_token)
+        # Live connections per tenant on this node (the tenants' "sessions" gauge).
+        self.connected: dict[str, int] = {}
+        self._logging = False  # publishing a log event (see log)
         self.valid_topics: set[str] = set()
         self.valid_topic_chars = 0  # characters in valid_topics (see connection.py)
         # Set when a persistent session's shape changes (created, subscribed, dropped): the node
@@ -326,9 +336,104 @@ class Broker:
 
     # -- connect / disconnect --------------------------------------------------------------------
 
-    def authenticate(self, conn: Connection, packet: Connect) -> int | None:
-        """Bind the connection to a tenant; a reason code refuses it."""
-        return self.tenancy.authenticate(conn, packet)
+    def admit(self, conn: Connection, packet: Connect) -> Admission:
+        """The tenancy's answer to a CONNECT (its log events published)."""
+        client_id = conn.client_id
+        admission = self.tenancy.admit(
+            client_id=client_id,
+            peer=conn.peer,
+            v5=conn.version == ProtocolVersion.MQTT_5,
+            username=packet.username,
+            known=lambda tenant: (
+                (tenant, client_id) in self.connections or (tenant, client_id) in self.sessions
+            ),
+            sessions=self.session_counts,
+        )
+        self.log_events(admission.events)
+        return admission
+
+    def log(
+        self,
+        tenant: str,
+        event: str,
+        client_id: str,
+        details: dict[str, Any],
+        *,
+        origin: str = "mqtt",
+    ) -> None:
+        """Publish one log event in ``tenant``'s namespace (journaled like any publish)."""
+        self.log_events((LogEvent(tenant, event, client_id, details, origin),))
+
+    def log_events(self, events: Iterable[LogEvent]) -> None:
+        for event in events:
+            if self._logging:
+                return  # an event while publishing an event (e.g. a queue overflowing): skip
+            self._logging = True
+            try:
+                topic, payload = log_event(
+                    ts_us=self.wall_clock_us(),
+                    node=self.settings.node_id,
+                    tenant=event.tenant,
+                    client_id=event.client_id,
+                    origin=event.origin,
+                    event=event.event,
+                    details=dict(event.details),
+                )
+                self.internal_publish(event.tenant, topic, payload)
+            finally:
+                self._logging = False
+
+    def control(self, outcome: ControlOutcome) -> None:
+        """Carry out what a message in the operator's namespace asked for."""
+        if outcome is NOTHING:
+            return
+        for tenant, topic, payload in outcome.publishes:
+            self.internal_publish(tenant, topic, payload, retain=True)
+        self.log_events(outcome.events)
+        if outcome.journal_committed is not None:
+            self.journal_committed(outcome.journal_committed)
+
+    def reload_tenants(self, config: TenantsConfig | None) -> None:
+        """A new tenants file (SIGHUP): connections keep running under their token's new rules;
+        a token that no longer exists, or now names another tenant, is disconnected."""
+        tenancy = self.tenancy
+        tenancy.config = config
+        if config is None:
+            return
+        for conn in list(self.connections.values()):
+            admission = tenancy.regrant(conn.token, conn.tenant)
+            if admission is None:
+                conn.will = None  # nobody vouches for it any more
+                conn.close(ReasonCode.NOT_AUTHORIZED, reason_string="token revoked")
+                continue
+            conn.acl, conn.operator = admission.acl, admission.operator
+            conn.max_payload, conn.rate = admission.max_payload, admission.rate
+            conn.decoder.max_packet_size = conn.packet_limit()
+            if conn.will is not None:
+                refusal, event = tenancy.refuse_publish(conn, conn.will, action="will")
+                if refusal is not None:
+                    conn.will = None  # the new rules forbid it: checked like at CONNECT
+                if event is not None:
+                    self.log_events((event,))
+        self.flush_dirty()
+
+    def publish_counters(self, start_us: int, end_us: int) -> None:
+        """Each tenant's usage on this node for the window, on ``$counters/{metric}``."""
+        gauges: dict[str, dict[str, int]] = {}
+        for session in self.sessions.values():
+            gauge = gauges.get(session.tenant)
+            if gauge is None:
+                gauge = gauges[session.tenant] = {"subscriptions": 0}
+            gauge["subscriptions"] += len(session.subscriptions)
+        for name in set(gauges) | set(self.tenancy.usage):
+            ns = self.namespace(name)
+            gauge = gauges.setdefault(name, {"subscriptions": 0})
+            gauge["sessions"] = self.connected.get(name, 0)
+            gauge["retained"] = sum(1 for m in ns.retained.all() if m.topic[0] != "$")
+        reports = self.tenancy.counter_reports(start_us, end_us, self.settings.node_id, gauges)
+        for tenant, topic, payload in reports:
+            self.internal_publish(tenant, topic, payload)
+        self.flush_dirty()
 
     def internal_publish(
         self, tenant: str, topic: str, payload: bytes, *, retain: bool = False
@@ -345,7 +450,7 @@ class Broker:
         if previous is not None and previous is not conn:
             # Client takeover [MQTT-3.1.4-3]: the older connection is closed.
             log.info("client %s taken over from %s", printable(conn.client_id), previous.peer)
-            self.tenancy.log(
+            self.log(
                 conn.tenant,
                 "session_taken_over",
                 conn.client_id,
@@ -385,9 +490,9 @@ class Broker:
         session.connection = conn
         session.disconnected_at = None
         self.connections[key] = conn
-        connected = self.tenancy.connected
+        connected = self.connected
         connected[conn.tenant] = connected.get(conn.tenant, 0) + 1
-        self.tenancy.log(
+        self.log(
             conn.tenant,
             "connect",
             conn.client_id,
@@ -468,8 +573,8 @@ class Broker:
         key = (conn.tenant, conn.client_id)
         if self.connections.get(key) is conn:
             del self.connections[key]
-            self.tenancy.connected[conn.tenant] -= 1
-            self.tenancy.log(
+            self.connected[conn.tenant] -= 1
+            self.log(
                 conn.tenant,
                 "disconnect",
                 conn.client_id,
@@ -564,7 +669,7 @@ class Broker:
         if retain:
             ns.retained.set(message)
         if tenant == OPERATOR_TENANT:
-            self.tenancy.control_message(tenant, topic, packet.payload)
+            self.control(self.tenancy.control_message(tenant, topic, packet.payload))
         matches = ns.subscriptions.match(topic)
         if matches:
             self._route(matches, message, publisher)
@@ -625,12 +730,12 @@ class Broker:
                     payload, None, (),
                 )  # fmt: skip
             else:
-                self.tenancy.log(OPERATOR_TENANT, "journal_error", "", details, origin="journal")
+                self.log(OPERATOR_TENANT, "journal_error", "", details, origin="journal")
         elif status.state == "full" and previous.state != "full":
             details["reason"] = status.full
-            self.tenancy.log(OPERATOR_TENANT, "journal_full", "", details, origin="journal")
+            self.log(OPERATOR_TENANT, "journal_full", "", details, origin="journal")
         elif status.state == "ok" and previous.state != "ok":
-            self.tenancy.log(OPERATOR_TENANT, "journal_resumed", "", details, origin="journal")
+            self.log(OPERATOR_TENANT, "journal_resumed", "", details, origin="journal")
         self.on_journal_status(status)
         self.flush_dirty()
 
@@ -733,7 +838,7 @@ class Broker:
     ) -> bool:
         ok = session.enqueue(Pending(message, qos, retain, sub_ids))
         if not ok and (session.dropped in {1, 10, 100, 1000} or session.dropped % 10_000 == 0):
-            self.tenancy.log(
+            self.log(
                 session.tenant,
                 "queue_overflow",
                 session.client_id,
@@ -992,7 +1097,9 @@ class Broker:
                 self._install_subscription(session, full, sub)
         for message in retained:
             self.namespace(message.tenant).retained.set(message)
-            self.tenancy.control_message(message.tenant, message.topic, message.payload)
+            self.control(
+                self.tenancy.control_message(message.tenant, message.topic, message.payload)
+            )
 
     def _install_subscription(self, session: Session, full: str, sub: Subscription) -> None:
         """Put a restored subscription into its namespace's trie (no retained messages)."""
@@ -1013,7 +1120,7 @@ class Broker:
         ns = self.namespace(message.tenant)
         if message.retain:
             ns.retained.set(message)
-        self.tenancy.control_message(message.tenant, message.topic, message.payload)
+        self.control(self.tenancy.control_message(message.tenant, message.topic, message.payload))
         matches = ns.subscriptions.match(message.topic)
         if matches:
             self._route(matches, message, None)
@@ -1087,7 +1194,7 @@ class Broker:
             printable(str(exc)),
             int(exc.reason_code),
         )
-        self.tenancy.log(
+        self.log(
             conn.tenant or OPERATOR_TENANT,
             "malformed_packet",
             # Before CONNECT completes nobody vouches for the client id: cap what it costs.

@@ -56,6 +56,7 @@ from broker_edge.packets import (
     Will,
 )
 from broker_edge.plim import TenantUsage
+from broker_edge.tenancy import take_token
 from broker_edge.tenants import ALLOW_ALL, Acl
 from broker_edge.topics import InvalidTopic, parse_subscription_filter, validate_topic_name
 from schemas.topics import JOURNAL_CONTROL_TOPIC_PREFIX
@@ -194,7 +195,7 @@ class Connection:
         self.journal_bytes = 0
         self.turn_bytes = 0
         self.turn_seq = 0
-        # Tenancy: set at CONNECT by the broker (broker_edge.tenancy).
+        # Tenancy: what the policy admitted at CONNECT (broker_edge.tenancy.Admission).
         self.token: str | None = None
         self.acl: Acl = ALLOW_ALL
         self.operator = False
@@ -410,11 +411,16 @@ class Connection:
             self.send(Connack(reason_code=ReasonCode.BAD_AUTHENTICATION_METHOD))
             self.close(None)
             return
-        refusal = self.broker.authenticate(self, packet)
-        if refusal is not None:
-            self.send(Connack(reason_code=refusal))
+        admission = self.broker.admit(self, packet)
+        if admission.refusal is not None:
+            self.send(Connack(reason_code=admission.refusal))
             self.close(None)
             return
+        self.tenant, self.acl, self.operator = admission.tenant, admission.acl, admission.operator
+        self.token = packet.username
+        self.usage = admission.usage
+        self.max_payload, self.rate = admission.max_payload, admission.rate
+        self.bucket = self.rate
         if packet.will is not None and not self._take_will(packet.will, v5):
             return
         if v5:
@@ -472,7 +478,9 @@ class Connection:
         )
         # The will becomes a publish of this client: checked like one, now, while the CONNACK
         # can still refuse it (ACL, "$" topics, payload limit) [MQTT-3.2.2-12].
-        refusal = self.broker.tenancy.refuse_publish(self, will_publish, action="will")
+        refusal, event = self.broker.tenancy.refuse_publish(self, will_publish, action="will")
+        if event is not None:
+            self.broker.log_events((event,))
         if refusal is not None:
             self.send(Connack(reason_code=refusal if v5 else ConnackCode311.NOT_AUTHORIZED))
             self.close(None)
@@ -510,7 +518,9 @@ class Connection:
             or self.max_payload
             or broker.tenancy.blocked
         ):
-            refusal = broker.tenancy.refuse_publish(self, packet)
+            refusal, event = broker.tenancy.refuse_publish(self, packet)
+            if event is not None:
+                broker.log_events((event,))
             if refusal is not None:
                 if (
                     refusal == ReasonCode.QUOTA_EXCEEDED
@@ -531,7 +541,8 @@ class Connection:
             self._refuse_for_journal(packet, broker.journal_refusal)
             return
         if self.rate:
-            pause = broker.tenancy.take_token(self, now)
+            self.bucket, pause = take_token(self.bucket, self.bucket_at, self.rate, now)
+            self.bucket_at = now
             if pause > 0 and not self.paused_for & PAUSED_BY_RATE:
                 # Over its message rate: stop reading from this client for a while (it is
                 # slowed, nothing it sent is dropped). Publishes later in the same read overdraw
@@ -701,7 +712,7 @@ class Connection:
                 # No Local on a shared subscription is a protocol error [MQTT-3.8.3-4].
                 raise ProtocolError("no-local on a shared subscription", ReasonCode.PROTOCOL_ERROR)
             if not self.acl.may_subscribe(topic_filter):
-                self.broker.tenancy.log(
+                self.broker.log(
                     self.tenant,
                     "acl_denied",
                     self.client_id,
@@ -717,7 +728,7 @@ class Connection:
         self.broker.subscribe(self, accepted, ids[0] if ids else None)
         if capped:
             # One event per SUBSCRIBE, not per filter refused: the log costs the journal too.
-            self.broker.tenancy.log(
+            self.broker.log(
                 self.tenant,
                 "limit_exceeded",
                 self.client_id,
@@ -726,7 +737,7 @@ class Connection:
                     "value": self.broker.settings.max_subscriptions_per_client,
                 },
             )
-        self.broker.tenancy.log(
+        self.broker.log(
             self.tenant,
             "subscribe",
             self.client_id,
@@ -752,7 +763,7 @@ class Connection:
         v5 = self.version == ProtocolVersion.MQTT_5
         codes = tuple(0 if f else ReasonCode.NO_SUBSCRIPTION_EXISTED for f in found) if v5 else ()
         self.send(Unsuback(packet_id=packet.packet_id, reason_codes=codes))
-        self.broker.tenancy.log(
+        self.broker.log(
             self.tenant,
             "unsubscribe",
             self.client_id,

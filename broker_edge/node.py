@@ -254,7 +254,7 @@ class EdgeNode:
             session_log.forget_before(generation)
 
     def reload_tenants(self) -> None:
-        """SIGHUP: read the tenants file again; connections stay up (see Tenancy.reload)."""
+        """SIGHUP: read the tenants file again; connections stay up (see Broker.reload_tenants)."""
         if self.tenants_file is None or self.broker is None:
             log.info("SIGHUP: no tenants file to reload")
             return
@@ -263,7 +263,7 @@ class EdgeNode:
         except ConfigError as exc:
             log.warning("SIGHUP: tenants file not reloaded, keeping the old one: %s", exc)
             return
-        self.broker.tenancy.reload(config)
+        self.broker.reload_tenants(config)
         log.info(
             "SIGHUP: tenants file %s reloaded (%d tenants)", self.tenants_file, len(config.tenants)
         )
@@ -278,7 +278,7 @@ class EdgeNode:
             await asyncio.sleep(interval)
             end_us = broker.wall_clock_us()
             try:
-                broker.tenancy.publish_counters(start_us, end_us)
+                broker.publish_counters(start_us, end_us)
             except Exception:
                 log.exception("counters not published")
             start_us = end_us

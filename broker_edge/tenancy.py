@@ -1,7 +1,12 @@
 """Who a connection is and what it may do: tokens, ACLs, limits, quota state, log events.
 
-The broker routes; this decides. A connection's token (its MQTT username) gives its tenant and
-access rules (:mod:`broker_edge.tenants`). Without a tenants file the edge serves one anonymous
+The broker routes; this decides. A pure policy (issue 10): it reads what it is shown and answers
+with values (an :class:`Admission`, a reason code, :class:`LogEvent` s, the publishes a quota
+decision makes); it never writes into a connection or the broker, which apply the answers. Its
+own state is the tenants' usage totals, quota decisions and counter history.
+
+A connection's token (its MQTT username) gives its tenant and access rules
+(:mod:`broker_edge.tenants`). Without a tenants file the edge serves one anonymous
 default tenant. When no ``[operator]`` token is configured, the edge's own local one
 (:mod:`schemas.operator_token`, in its data dir) is the operator's: the pipeline on this
 machine uses it to send the journal notices that drive retention. Every decision worth knowing
@@ -14,33 +19,24 @@ from __future__ import annotations
 
 import hmac
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from broker_edge.logtext import truncated
-from broker_edge.packets import (
-    ConnackCode311,
-    Connect,
-    ProtocolVersion,
-    Publish,
-    ReasonCode,
-)
+from broker_edge.packets import ConnackCode311, Publish, ReasonCode
 from broker_edge.plim import (
     CONTROL_PREFIX,
     QuotaDecision,
     QuotaDecisionError,
     TenantUsage,
     counter_messages,
-    log_event,
     quota_event,
 )
-from broker_edge.tenants import ALLOW_ALL, OPERATOR_TENANT, Grant, Limits, TenantsConfig
+from broker_edge.tenants import ALLOW_ALL, OPERATOR_TENANT, Acl, Grant, Limits, TenantsConfig
 from schemas import topics
 from schemas.control import ControlMessageError, JournalCommitted
 from schemas.names import DEFAULT_TENANT, GAUGE_METRICS
-
-if TYPE_CHECKING:
-    from broker_edge.broker import Broker
-    from broker_edge.connection import Connection
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +50,66 @@ _ANONYMOUS = Grant(DEFAULT_TENANT, ALLOW_ALL)
 _OPERATOR = Grant(OPERATOR_TENANT, ALLOW_ALL, operator=True)
 
 
+@dataclass(frozen=True, slots=True)
+class LogEvent:
+    """One ``$log/{origin}/{event}`` event to publish in ``tenant``'s namespace."""
+
+    tenant: str
+    event: str
+    client_id: str
+    details: Mapping[str, Any]
+    origin: str = "mqtt"
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """The answer to a CONNECT: ``refusal`` (a CONNACK code) or what the client may do."""
+
+    refusal: int | None
+    tenant: str = ""
+    acl: Acl = field(default_factory=lambda: ALLOW_ALL)
+    operator: bool = False
+    usage: TenantUsage = field(default_factory=TenantUsage)
+    max_payload: int = 0  # 0: no limit beyond the protocol's
+    rate: float = 0.0  # messages per second (token bucket); 0: unlimited
+    events: tuple[LogEvent, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ControlOutcome:
+    """What a message in the operator's namespace asks for: retained publishes in tenants'
+    namespaces (``(tenant, topic, payload)``), log events, and the lake's committed seq of this
+    node's journal (retention)."""
+
+    publishes: tuple[tuple[str, str, bytes], ...] = ()
+    events: tuple[LogEvent, ...] = ()
+    journal_committed: int | None = None
+
+
+NOTHING = ControlOutcome()
+
+
+class Client(Protocol):
+    """What the policy reads of a connection."""
+
+    @property
+    def tenant(self) -> str: ...
+    @property
+    def client_id(self) -> str: ...
+    @property
+    def operator(self) -> bool: ...
+    @property
+    def acl(self) -> Acl: ...
+    @property
+    def max_payload(self) -> int: ...
+    @property
+    def usage(self) -> TenantUsage: ...
+
+
 class Tenancy:
     def __init__(
-        self, broker: Broker, config: TenantsConfig | None, local_operator_token: str | None = None
+        self, config: TenantsConfig | None, node_id: str, local_operator_token: str | None = None
     ) -> None:
-        self.broker = broker
         self.config = config
         # The operator token the edge made in its data dir when none is configured (valid for
         # as long as the edge runs, whatever a reloaded tenants file says).
@@ -66,12 +117,10 @@ class Tenancy:
         self.usage: dict[str, TenantUsage] = {}
         self.quota: dict[str, dict[str, QuotaDecision]] = {}
         self.blocked: set[str] = set()
-        self.connected: dict[str, int] = {}  # live connections per tenant on this node
         self._counter_previous: dict[str, dict[str, int]] = {}
         # Tenants whose last report was all zeros: their next all-zero report is skipped.
         self._counter_quiet: set[str] = set()
-        self._logging = False
-        self._journal_topic = topics.journal_control_topic(broker.settings.node_id)
+        self._journal_topic = topics.journal_control_topic(node_id)
 
     # -- identity --------------------------------------------------------------------------
 
@@ -84,53 +133,63 @@ class Tenancy:
     def limits(self, tenant: str) -> Limits:
         return self.config.limits(tenant) if self.config is not None else Limits()
 
-    def authenticate(self, conn: Connection, packet: Connect) -> int | None:
-        """Bind the connection to its tenant, or return the CONNACK code that refuses it."""
-        v5 = conn.version == ProtocolVersion.MQTT_5
-        grant = self.grant(packet.username)
+    def admit(
+        self,
+        *,
+        client_id: str,
+        peer: str,
+        v5: bool,
+        username: str | None,
+        known: Callable[[str], bool],
+        sessions: Mapping[str, int],
+    ) -> Admission:
+        """A CONNECT's admission. ``known(tenant)``: this client id has a session or a
+        connection in ``tenant`` already; ``sessions``: sessions per tenant, offline persistent
+        ones included."""
+        grant = self.grant(username)
         if grant is None:
             # Journaled in the operator's namespace for anyone who tries: keep it small.
-            self.log(
+            event = LogEvent(
                 OPERATOR_TENANT,
                 "auth_failed",
-                truncated(conn.client_id),
-                {"peer": conn.peer, "username": packet.username is not None},
+                truncated(client_id),
+                {"peer": peer, "username": username is not None},
             )
             # The issue names 0x86 (bad user name or password: the token) for MQTT 5.
-            return ReasonCode.BAD_USER_NAME_OR_PASSWORD if v5 else ConnackCode311.NOT_AUTHORIZED
-        conn.tenant, conn.acl, conn.operator = grant.tenant, grant.acl, grant.operator
-        conn.token = packet.username
-        conn.usage = self.usage_of(conn.tenant)
-        limits = self.limits(conn.tenant)
-        conn.max_payload = limits.max_payload_bytes or 0
-        conn.rate = float(limits.messages_per_second or 0)
-        conn.bucket = conn.rate
+            code = ReasonCode.BAD_USER_NAME_OR_PASSWORD if v5 else ConnackCode311.NOT_AUTHORIZED
+            return Admission(code, events=(event,))
+        tenant = grant.tenant
+        limits = self.limits(tenant)
         refusal = ReasonCode.QUOTA_EXCEEDED if v5 else ConnackCode311.NOT_AUTHORIZED
-        if conn.tenant in self.blocked:
-            self.log(
-                conn.tenant,
-                "limit_exceeded",
-                conn.client_id,
-                {"refused": "connect", "reason": "quota_blocked"},
+        if tenant in self.blocked:
+            details: dict[str, Any] = {"refused": "connect", "reason": "quota_blocked"}
+            return Admission(
+                refusal, events=(LogEvent(tenant, "limit_exceeded", client_id, details),)
             )
-            return refusal
         # Every session counts, the offline persistent ones too; a client taking over or
         # resuming its own session adds none.
-        key = (conn.tenant, conn.client_id)
-        known = key in self.broker.connections or key in self.broker.sessions
         if (
             limits.sessions is not None
-            and not known
-            and self.broker.session_counts.get(conn.tenant, 0) >= limits.sessions
+            and sessions.get(tenant, 0) >= limits.sessions
+            and not known(tenant)
         ):
-            self.log(
-                conn.tenant,
-                "limit_exceeded",
-                conn.client_id,
-                {"refused": "connect", "limit": "sessions", "value": limits.sessions},
+            details = {"refused": "connect", "limit": "sessions", "value": limits.sessions}
+            return Admission(
+                refusal, events=(LogEvent(tenant, "limit_exceeded", client_id, details),)
             )
-            return refusal
-        return None
+        return self._admitted(grant)
+
+    def _admitted(self, grant: Grant) -> Admission:
+        limits = self.limits(grant.tenant)
+        return Admission(
+            None,
+            grant.tenant,
+            grant.acl,
+            grant.operator,
+            self.usage_of(grant.tenant),
+            limits.max_payload_bytes or 0,
+            float(limits.messages_per_second or 0),
+        )
 
     def grant(self, token: str | None) -> Grant | None:
         """What ``token`` (a CONNECT's user name) gives; None: refused. Without a tenants file
@@ -146,92 +205,66 @@ class Tenancy:
             return _ANONYMOUS
         return self.config.grant(token)
 
-    def reload(self, config: TenantsConfig | None) -> None:
-        """A new tenants file (SIGHUP): connections keep running under their token's new rules;
-        a token that no longer exists, or now names another tenant, is disconnected."""
-        self.config = config
-        for conn in list(self.broker.connections.values()):
-            if config is None:
-                continue
-            grant = self.grant(conn.token)
-            if grant is None or grant.tenant != conn.tenant:
-                conn.will = None  # nobody vouches for it any more
-                conn.close(ReasonCode.NOT_AUTHORIZED, reason_string="token revoked")
-                continue
-            conn.acl, conn.operator = grant.acl, grant.operator
-            limits = config.limits(conn.tenant)
-            conn.max_payload = limits.max_payload_bytes or 0
-            conn.rate = float(limits.messages_per_second or 0)
-            conn.decoder.max_packet_size = conn.packet_limit()
-            if conn.will is not None and self.refuse_publish(conn, conn.will, action="will"):
-                conn.will = None  # the new rules forbid it: checked like at CONNECT
-        self.broker.flush_dirty()
+    def regrant(self, token: str | None, tenant: str) -> Admission | None:
+        """After a reload: what a connected client of ``tenant`` with ``token`` may do now;
+        None when its token no longer exists or now names another tenant."""
+        grant = self.grant(token)
+        if grant is None or grant.tenant != tenant:
+            return None
+        return self._admitted(grant)
 
     # -- publish checks --------------------------------------------------------------------
 
     def refuse_publish(
-        self, conn: Connection, packet: Publish, *, action: str = "publish"
-    ) -> int | None:
-        """None to accept, or the MQTT 5 reason code to refuse an inbound publish with.
+        self, client: Client, packet: Publish, *, action: str = "publish"
+    ) -> tuple[int | None, LogEvent | None]:
+        """(None, ...) to accept, or the MQTT 5 reason code to refuse an inbound publish with,
+        and the log event that says so.
 
         A will is checked here too, at CONNECT (``action="will"``): it becomes a publish of
         this client later, so what the client may not publish it may not leave as a will.
         """
         topic = packet.topic
-        if topic[0] == "$":
+        if (
             # "$" topics are the platform's; only the operator may publish quota decisions and
             # the lake's journal commit notices.
-            if not (conn.operator and topic.startswith(OPERATOR_PREFIXES)):
-                self.log(
-                    conn.tenant, "acl_denied", conn.client_id, {"action": action, "topic": topic}
-                )
-                return ReasonCode.NOT_AUTHORIZED
-        elif not conn.acl.may_publish(topic):
-            self.log(conn.tenant, "acl_denied", conn.client_id, {"action": action, "topic": topic})
-            return ReasonCode.NOT_AUTHORIZED
-        if conn.tenant in self.blocked:
-            conn.usage.dropped += 1
-            return ReasonCode.QUOTA_EXCEEDED
-        if conn.max_payload and len(packet.payload) > conn.max_payload:
-            self.log(
-                conn.tenant,
-                "limit_exceeded",
-                conn.client_id,
-                {
-                    "limit": "max_payload_bytes",
-                    "value": conn.max_payload,
-                    "size": len(packet.payload),
-                    "topic": topic,
-                    "action": action,
-                },
-            )
-            conn.usage.dropped += 1
-            return ReasonCode.QUOTA_EXCEEDED
-        return None
+            not (client.operator and topic.startswith(OPERATOR_PREFIXES))
+            if topic[0] == "$"
+            else not client.acl.may_publish(topic)
+        ):
+            details: dict[str, Any] = {"action": action, "topic": topic}
+            event = LogEvent(client.tenant, "acl_denied", client.client_id, details)
+            return ReasonCode.NOT_AUTHORIZED, event
+        if client.tenant in self.blocked:
+            client.usage.dropped += 1  # the tenant's own totals (usage_of): this policy's state
+            return ReasonCode.QUOTA_EXCEEDED, None
+        if client.max_payload and len(packet.payload) > client.max_payload:
+            details = {
+                "limit": "max_payload_bytes",
+                "value": client.max_payload,
+                "size": len(packet.payload),
+                "topic": topic,
+                "action": action,
+            }
+            client.usage.dropped += 1
+            event = LogEvent(client.tenant, "limit_exceeded", client.client_id, details)
+            return ReasonCode.QUOTA_EXCEEDED, event
+        return None, None
 
-    def take_token(self, conn: Connection, now: float) -> float:
-        """Token bucket per client: seconds to pause its reads for (0: go on)."""
-        rate = conn.rate
-        conn.bucket = min(rate, conn.bucket + (now - conn.bucket_at) * rate)
-        conn.bucket_at = now
-        conn.bucket -= 1.0
-        if conn.bucket >= 0:
-            return 0.0
-        return -conn.bucket / rate
+    # -- quota and control -------------------------------------------------------------------
 
-    # -- quota -----------------------------------------------------------------------------
-
-    def apply_quota(self, tenant: str, payload: bytes) -> None:
-        """Apply a decision from ``$control/quota/{tenant}`` and tell the tenant about it."""
+    def apply_quota(self, tenant: str, payload: bytes) -> ControlOutcome:
+        """A decision from ``$control/quota/{tenant}``: the tenant's retained ``$quota/...``
+        state and the log event that tells it."""
         if not payload:  # the retained decision was cleared: forget the tenant's state
             self.quota.pop(tenant, None)
             self.blocked.discard(tenant)
-            return
+            return NOTHING
         try:
             decision = QuotaDecision.parse(payload)
         except QuotaDecisionError as exc:
             log.warning("quota decision for %s ignored: %s", tenant, exc)
-            return
+            return NOTHING
         decisions = self.quota.setdefault(tenant, {})
         previous = decisions.get(decision.metric)
         decisions[decision.metric] = decision
@@ -239,90 +272,55 @@ class Tenancy:
             self.blocked.add(tenant)
         else:
             self.blocked.discard(tenant)
-        self.broker.internal_publish(
-            tenant, topics.quota_topic(decision.metric), decision.payload(), retain=True
-        )
+        publish = (tenant, topics.quota_topic(decision.metric), decision.payload())
         event = quota_event(previous.state if previous else None, decision.state)
-        if event is not None:
-            log.info("tenant %s: %s (%s)", tenant, event, decision.metric)
-            self.log(
-                tenant,
-                event,
-                "",
-                {
-                    "metric": decision.metric,
-                    "limit": decision.limit,
-                    "value": decision.value,
-                    "decided_at": decision.decided_at,
-                },
-                origin="quota",
-            )
+        if event is None:
+            return ControlOutcome((publish,))
+        log.info("tenant %s: %s (%s)", tenant, event, decision.metric)
+        details = {
+            "metric": decision.metric,
+            "limit": decision.limit,
+            "value": decision.value,
+            "decided_at": decision.decided_at,
+        }
+        return ControlOutcome((publish,), (LogEvent(tenant, event, "", details, "quota"),))
 
-    def control_message(self, tenant: str, topic: str, payload: bytes) -> None:
+    def control_message(self, tenant: str, topic: str, payload: bytes) -> ControlOutcome:
         """Every publish in the operator's namespace passes here (live, restored, replayed)."""
-        if tenant == OPERATOR_TENANT and topic.startswith(CONTROL_PREFIX):
+        if tenant != OPERATOR_TENANT:
+            return NOTHING
+        if topic.startswith(CONTROL_PREFIX):
             target = topic[len(CONTROL_PREFIX) :]
             if target and "/" not in target:
-                self.apply_quota(target, payload)
-        elif tenant == OPERATOR_TENANT and topic == self._journal_topic:
-            self.apply_journal_committed(payload)
+                return self.apply_quota(target, payload)
+        elif topic == self._journal_topic and payload:  # empty: the retained one was cleared
+            # The lake committed this node's journal up to a seq; retention may delete the
+            # segments at or below it (see broker_edge.durability).
+            try:
+                committed = JournalCommitted.parse(payload)
+            except ControlMessageError as exc:
+                log.warning("journal commit notice ignored: %s", exc)
+                return NOTHING
+            return ControlOutcome(journal_committed=committed.committed_seq)
+        return NOTHING
 
-    def apply_journal_committed(self, payload: bytes) -> None:
-        """``$control/journal/{this node}``: the lake committed this node's journal up to a
-        seq; retention may delete segments at or below it (see broker_edge.durability)."""
-        if not payload:
-            return  # the retained message was cleared: keep the last known value
-        try:
-            committed = JournalCommitted.parse(payload)
-        except ControlMessageError as exc:
-            log.warning("journal commit notice ignored: %s", exc)
-            return
-        self.broker.journal_committed(committed.committed_seq)
+    # -- counters ----------------------------------------------------------------------------
 
-    # -- log events and counters -------------------------------------------------------------
-
-    def log(
-        self,
-        tenant: str,
-        event: str,
-        client_id: str,
-        details: dict[str, Any],
-        *,
-        origin: str = "mqtt",
-    ) -> None:
-        if self._logging:
-            return  # an event while publishing an event (e.g. a queue overflowing): skip
-        self._logging = True
-        try:
-            topic, payload = log_event(
-                ts_us=self.broker.wall_clock_us(),
-                node=self.broker.settings.node_id,
-                tenant=tenant,
-                client_id=client_id,
-                origin=origin,
-                event=event,
-                details=details,
-            )
-            self.broker.internal_publish(tenant, topic, payload)
-        finally:
-            self._logging = False
-
-    def publish_counters(self, start_us: int, end_us: int) -> None:
-        broker = self.broker
-        tenants = set(self.usage) | {s.tenant for s in broker.sessions.values()}
-        for tenant in sorted(tenants):
+    def counter_reports(
+        self, start_us: int, end_us: int, node: str, gauges: Mapping[str, Mapping[str, int]]
+    ) -> list[tuple[str, str, bytes]]:
+        """``(tenant, topic, payload)`` of each tenant's ``$counters/...`` for the window, from
+        its usage totals and ``gauges`` (sessions, subscriptions, retained: the broker's)."""
+        reports: list[tuple[str, str, bytes]] = []
+        for tenant in sorted(set(self.usage) | set(gauges)):
             usage = self.usage_of(tenant)
-            ns = broker.namespace(tenant)
             totals = {
                 "messages_in": usage.messages_in,
                 "messages_out": usage.messages_out,
                 "bytes_in": usage.bytes_in,
                 "bytes_out": usage.bytes_out,
-                "sessions": self.connected.get(tenant, 0),
-                "subscriptions": sum(
-                    len(s.subscriptions) for s in broker.sessions.values() if s.tenant == tenant
-                ),
-                "retained": sum(1 for m in ns.retained.all() if m.topic[0] != "$"),
+                **_NO_GAUGES,
+                **gauges.get(tenant, {}),
             }
             previous = self._counter_previous.get(tenant, {})
             self._counter_previous[tenant] = totals
@@ -340,13 +338,25 @@ class Tenancy:
                 self._counter_quiet.add(tenant)
             else:
                 self._counter_quiet.discard(tenant)
-            for topic, payload in counter_messages(
-                node=broker.settings.node_id,
-                tenant=tenant,
-                totals=totals,
-                previous=previous,
-                start_us=start_us,
-                end_us=end_us,
-            ):
-                broker.internal_publish(tenant, topic, payload)
-        broker.flush_dirty()
+            reports.extend(
+                (tenant, topic, payload)
+                for topic, payload in counter_messages(
+                    node=node,
+                    tenant=tenant,
+                    totals=totals,
+                    previous=previous,
+                    start_us=start_us,
+                    end_us=end_us,
+                )
+            )
+        return reports
+
+
+_NO_GAUGES = {"sessions": 0, "subscriptions": 0, "retained": 0}
+
+
+def take_token(bucket: float, bucket_at: float, rate: float, now: float) -> tuple[float, float]:
+    """Token bucket of one client at ``rate`` messages per second, one message taken at
+    ``now``: (the bucket's new level, seconds to pause the client's reads for; 0: go on)."""
+    level = min(rate, bucket + (now - bucket_at) * rate) - 1.0
+    return level, (0.0 if level >= 0 else -level / rate)
