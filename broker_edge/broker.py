@@ -23,7 +23,13 @@ from typing import Any, Protocol
 
 from broker_edge import sessionlog
 from broker_edge.codec import encode_publish
-from broker_edge.connection import PAUSED_BY_JOURNAL, RECORD_OVERHEAD, Connection, ConnState
+from broker_edge.connection import (
+    PAUSED_BY_JOURNAL,
+    PAUSED_BY_RATE,
+    RECORD_OVERHEAD,
+    Connection,
+    ConnState,
+)
 from broker_edge.durability import JournalStatus
 from broker_edge.errors import ProtocolError
 from broker_edge.logtext import printable, truncated
@@ -69,6 +75,10 @@ log = logging.getLogger(__name__)
 # Python 3.11 (see connection.py).
 _QOS0 = QoS.AT_MOST_ONCE
 _V5 = ProtocolVersion.MQTT_5
+
+# How often tick() scans every connection (keepalive, CONNECT timeout) and every session
+# (expiry): their deadlines are met within this.
+SCAN_INTERVAL = 1.0
 
 SESSION_NEVER_EXPIRES = 0xFFFFFFFF
 
@@ -184,11 +194,14 @@ class Broker:
         self.settings = settings
         self.journal = journal
         self.wall_clock_us = wall_clock_us
-        # Set by the node to its event loop's: read the clock (a connection ends a turn that
-        # ran too long), run a callback after a delay (a rate-limited publisher's resume). One
-        # for every connection: per-connection bound methods cost memory (issue 9).
+        # Set by the node to its event loop's clock: a connection ends a turn that ran too long.
         self.clock: Callable[[], float] = _no_time
-        self.call_later: Callable[[float, Callable[[], None]], object] = _never
+        # Set by the node: call tick() at this loop time at the latest (one timer for every
+        # deadline of every connection; see tick).
+        self.wake_at: Callable[[float], None] = _never
+        # Publishers paused for their rate until their resume_at (see tick).
+        self.rate_paused: set[Connection] = set()
+        self._next_scan = 0.0  # when tick next scans every connection and session
         self.namespaces: dict[str, Namespace] = {}
         self.sessions: dict[tuple[str, str], Session] = {}
         self.connections: dict[tuple[str, str], Connection] = {}
@@ -563,6 +576,7 @@ class Broker:
         elif not taken_over and self.sessions.get(key) is session:
             delay = min(conn.will_delay, session.expiry_interval)
             self.pending_wills[key] = (now + delay, will)
+            self.wake_at(now + delay)
         elif not taken_over:
             self._publish_will(conn.tenant, conn.client_id, will)  # the session already ended
 
@@ -1127,6 +1141,33 @@ class Broker:
 
     # -- housekeeping --------------------------------------------------------------------------
 
+    # -- time: everything that happens when nothing is received --------------------------------
+
+    def tick(self, now: float) -> float:
+        """Do what is due at ``now`` and return when the clock is next needed: delayed wills
+        and rate-limited publishers exactly when due; keepalives, CONNECT timeouts and
+        session expiry on a scan of every connection and session every ``SCAN_INTERVAL``.
+        Nothing here reads a clock or sets a timer: the caller (the node, or a test with a
+        fake clock) calls it at or after the time it returned, or earlier through wake_at."""
+        if now >= self._next_scan:
+            self.check_keepalives(now)
+            self.expire_sessions(now)
+            self._next_scan = now + SCAN_INTERVAL
+        self.publish_due_wills(now)
+        due = self._next_scan
+        if self.rate_paused:
+            for conn in list(self.rate_paused):
+                if conn.state is ConnState.CLOSED:
+                    self.rate_paused.discard(conn)
+                elif conn.resume_at <= now:
+                    self.rate_paused.discard(conn)
+                    conn.resume(PAUSED_BY_RATE)
+                else:
+                    due = min(due, conn.resume_at)
+        for will_due, _ in self.pending_wills.values():
+            due = min(due, will_due)
+        return due
+
     def publish_due_wills(self, now: float) -> None:
         for key, (due, will) in list(self.pending_wills.items()):
             if due <= now:
@@ -1221,5 +1262,5 @@ def _no_time() -> float:
     return 0.0  # without a loop's clock no turn is ever too long
 
 
-def _never(delay: float, callback: Callable[[], None]) -> None:
-    del delay, callback
+def _never(at: float) -> None:
+    del at

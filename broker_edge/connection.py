@@ -148,6 +148,7 @@ class Connection:
         "peer",
         "rate",
         "receive_maximum_out",
+        "resume_at",
         "session",
         "state",
         "tenant",
@@ -204,6 +205,7 @@ class Connection:
         self.rate = 0.0  # messages per second allowed (token bucket); 0: unlimited
         self.bucket = 0.0
         self.bucket_at = now
+        self.resume_at = 0.0  # paused for its rate: when to read again (broker.tick)
         # Packets to write at the end of the turn. Shared and never appended to while empty
         # (emit replaces it): an idle connection holds no list of its own.
         self.out: list[bytes] = _NO_OUTPUT
@@ -265,9 +267,6 @@ class Connection:
             self.paused_for &= ~reason
             if not self.paused_for:
                 self.io.resume_reading()
-
-    def _rate_resume(self) -> None:
-        self.resume(PAUSED_BY_RATE)
 
     def end_turn(self) -> None:
         """Charge this turn's journal records to this client until they are durable; while
@@ -548,7 +547,9 @@ class Connection:
                 # slowed, nothing it sent is dropped). Publishes later in the same read overdraw
                 # the bucket further; the read after the resume pays for them.
                 self.pause(PAUSED_BY_RATE)
-                broker.call_later(pause, self._rate_resume)
+                self.resume_at = now + pause
+                broker.rate_paused.add(self)
+                broker.wake_at(self.resume_at)  # broker.tick resumes it then
         if qos != _QOS0:
             self.inbound_unacked += 1
             if (

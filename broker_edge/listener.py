@@ -160,6 +160,7 @@ class MqttProtocol(asyncio.Protocol):
         broker.held.discard(conn)
         broker.awaiting_connect.discard(conn)
         broker.paused_readers.discard(conn)
+        broker.rate_paused.discard(conn)
         broker.connection_lost(conn, self._loop.time())
         broker.flush_dirty()
 

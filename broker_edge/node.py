@@ -50,7 +50,9 @@ class EdgeNode:
         self.port = settings.port
         self._server: asyncio.Server | None = None
         self._committer: GroupCommitter | None = None
-        self._housekeeping: asyncio.Task[None] | None = None
+        # The broker's tick (keepalives, wills, expiry, rate limits): see _wake_at.
+        self._tick_handle: asyncio.TimerHandle | None = None
+        self._tick_at = 0.0
         self._sys: asyncio.Task[None] | None = None
         self._snapshots: asyncio.Task[None] | None = None
         self._counters: asyncio.Task[None] | None = None
@@ -115,7 +117,7 @@ class EdgeNode:
 
         broker.request_session_sync = request_session_sync
         broker.clock = loop.time
-        broker.call_later = loop.call_later
+        broker.wake_at = self._wake_at
         committer.start()
         self._committer = committer
         self._server = await loop.create_server(
@@ -128,7 +130,7 @@ class EdgeNode:
         sock: socket.socket = self._server.sockets[0]
         self.port = sock.getsockname()[1]
         self.started_at = loop.time()
-        self._housekeeping = loop.create_task(self._housekeep(), name="housekeeping")
+        self._wake_at(loop.time() + HOUSEKEEPING_INTERVAL)
         self._snapshots = loop.create_task(self._snapshot_loop(), name="snapshots")
         self._counters = loop.create_task(self._publish_counters(), name="counters")
         if settings.sys_interval > 0:
@@ -283,20 +285,28 @@ class EdgeNode:
                 log.exception("counters not published")
             start_us = end_us
 
-    async def _housekeep(self) -> None:
-        loop = asyncio.get_running_loop()
+    def _wake_at(self, at: float) -> None:
+        """Run the broker's tick at loop time ``at`` at the latest: one timer for the whole
+        node, moved earlier when something falls due sooner (broker.wake_at)."""
+        if self._tick_handle is not None:
+            if self._tick_at <= at:
+                return
+            self._tick_handle.cancel()
+        self._tick_at = at
+        self._tick_handle = asyncio.get_running_loop().call_at(at, self._tick)
+
+    def _tick(self) -> None:
+        self._tick_handle = None
         broker = self.broker
         assert broker is not None
-        while True:
-            await asyncio.sleep(HOUSEKEEPING_INTERVAL)
-            now = loop.time()
-            try:
-                broker.check_keepalives(now)
-                broker.expire_sessions(now)
-                broker.publish_due_wills(now)
-            except Exception:
-                # Our bug: log it and keep the node serving; the next tick tries again.
-                log.exception("housekeeping failed")
+        now = asyncio.get_running_loop().time()
+        try:
+            due = broker.tick(now)
+        except Exception:
+            # Our bug: log it and keep the node serving; the next tick tries again.
+            log.exception("housekeeping failed")
+            due = now + HOUSEKEEPING_INTERVAL
+        self._wake_at(due)
 
     async def _publish_sys(self, interval: float) -> None:
         """Publish $SYS/broker/... at once, then every ``interval`` seconds (no drift)."""
@@ -331,7 +341,12 @@ class EdgeNode:
         """Stop accepting, close clients (MQTT 5: DISCONNECT 0x8B), flush the journal."""
         if self._server is not None:
             self._server.close()
-        for task in (self._housekeeping, self._sys, self._snapshots, self._counters):
+        if self.broker is not None:
+            self.broker.wake_at = _no_wake  # what closing the clients makes due never runs
+        if self._tick_handle is not None:
+            self._tick_handle.cancel()
+            self._tick_handle = None
+        for task in (self._sys, self._snapshots, self._counters):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -373,3 +388,7 @@ def _message_from_row(row: dict[str, Any]) -> Message:
         props,
         row["seq"],
     )
+
+
+def _no_wake(at: float) -> None:
+    del at

@@ -256,16 +256,17 @@ def test_connection_without_connect_is_closed_after_the_timeout(broker):
 
 class Reading:
     """A connection's socket reading state, driven by pause_reading/resume_reading, and the
-    timers the connection set (run by hand: no clock)."""
+    times the broker asked to be woken at (a fake clock: broker.tick is called by hand)."""
 
     def __init__(self, conn: Connection) -> None:
         self.paused = False
-        self.timers: list[tuple[float, Callable[[], None]]] = []
+        self.broker = conn.broker
+        self.wakes: list[float] = []
         io = conn.io
         assert isinstance(io, FakeIO)
         io.pause_reading = self._pause
         io.resume_reading = self._resume
-        conn.broker.call_later = lambda delay, callback: self.timers.append((delay, callback))
+        conn.broker.wake_at = self.wakes.append
 
     def _pause(self) -> None:
         self.paused = True
@@ -274,9 +275,9 @@ class Reading:
         self.paused = False
 
     def fire_timers(self) -> None:
-        timers, self.timers = self.timers, []
-        for _, callback in timers:
-            callback()
+        """The fake clock jumps to the last time the broker asked for; it ticks."""
+        wakes, self.wakes = self.wakes, []
+        self.broker.tick(max(wakes))
 
 
 def rate_limited_publisher(journal: FakeJournal) -> tuple[Broker, Peer, Reading]:
@@ -307,7 +308,7 @@ def test_journal_catching_up_does_not_resume_a_rate_limited_publisher(journal):
     broker, peer, reading = rate_limited_publisher(journal)
     publish_three(peer)
     assert reading.paused
-    assert len(reading.timers) == 1  # one rate pause per pause, however overdrawn
+    assert reading.wakes == [1.0]  # one wake per pause (the 2nd msg at 1/s), however overdrawn
     journal.make_durable()
     broker.after_commit()  # the journal caught up ...
     assert reading.paused  # ... but the rate limit still holds
