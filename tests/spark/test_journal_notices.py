@@ -17,6 +17,7 @@ from pyspark.sql import SparkSession
 from test_quota_job import TENANTS, RunningEdge
 
 from broker_edge.settings import EdgeSettings
+from edgebus.cli import _local_notices
 from schemas.control import JournalCommitted, journal_control_topic
 from streaming import pipeline
 from streaming.quota_settings import QuotaSettings, TenantLimits
@@ -35,11 +36,13 @@ def edge(tmp_path: Path) -> Iterator[Any]:
     running.stop()
 
 
-def retained_notices(port: int, nodes: list[str]) -> dict[str, JournalCommitted]:
+def retained_notices(
+    port: int, nodes: list[str], token: str = "op-token"
+) -> dict[str, JournalCommitted]:
     """The retained ``$control/journal/{node}`` notices, read as the operator."""
     got: queue.Queue[mqtt.MQTTMessage] = queue.Queue()
     client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="notice-reader")
-    client.username_pw_set("op-token")
+    client.username_pw_set(token)
     client.on_message = lambda c, u, message: got.put(message)
     client.connect("127.0.0.1", port)
     client.loop_start()
@@ -77,3 +80,25 @@ def test_each_nodes_last_committed_seq_reaches_the_edges(
 
     notices = retained_notices(edge.port, ["edge-x", "edge-y"])
     assert {node: n.committed_seq for node, n in notices.items()} == {"edge-x": 20, "edge-y": 5}
+
+
+def test_without_a_tenants_file_the_notices_use_the_edges_own_token(
+    edgebus_spark: SparkSession, make_settings: Callable[..., PipelineSettings]
+) -> None:
+    settings = make_settings()
+    # An edge with no tenants file on the pipeline's data dir: it makes the operator token there.
+    edge_settings = EdgeSettings(
+        host="127.0.0.1", port=0, data_dir=settings.data_dir, node_id="edge-anon"
+    )
+    edge = RunningEdge(edge_settings, "asyncio", None).start()
+    try:
+        write_records(
+            settings.journal_root, "edge-z", [("default", f"t/{i}", b"{}") for i in range(9)]
+        )
+        notices = _local_notices(settings.data_dir, [("127.0.0.1", edge.port)])
+        assert notices is not None
+        pipeline.run(settings, once=True, spark=edgebus_spark, notices=notices)
+        got = retained_notices(edge.port, ["edge-z"], token=notices.operator_token)
+        assert got["edge-z"].committed_seq == 9
+    finally:
+        edge.stop()
