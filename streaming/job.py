@@ -9,21 +9,30 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from ingest.source import OPTION_CHECKPOINT, OPTION_MAX_RECORDS, OPTION_PATH, SOURCE_NAME
+from ingest.source import OPTION_CHECKPOINT, OPTION_MAX_RECORDS, OPTION_PATH
 from sinks.delta import DeltaTableWriter
+from streaming import route
 from streaming.errors import PipelineError
 from streaming.settings import PipelineSettings
 
 
 def journal_stream(spark: SparkSession, settings: PipelineSettings, checkpoint: Path) -> DataFrame:
-    """Every node's journal as a stream, capped per micro-batch (see ``ingest.source``)."""
+    """Every node's journal as a stream of routed rows (``streaming.route``), capped per
+    micro-batch (see ``ingest.source``)."""
+    route.register(spark)
     return (
-        spark.readStream.format(SOURCE_NAME)
-        .option(OPTION_PATH, str(settings.journal_root))
+        spark.readStream.format(route.ROUTED_SOURCE)
+        .options(**journal_options(settings))
         .option(OPTION_MAX_RECORDS, str(settings.max_records_per_batch))
         .option(OPTION_CHECKPOINT, str(checkpoint))
         .load()
     )
+
+
+def journal_options(settings: PipelineSettings) -> dict[str, str]:
+    """Where the journals are: the source's options shared by the stream and by the batch
+    reads of a micro-batch's range (``streaming.route.read_range``)."""
+    return {OPTION_PATH: str(settings.journal_root)}
 
 
 def start_query(

@@ -6,10 +6,11 @@ The ``edgebus`` source replays the journals by offset (``ingest.source``). One q
 and, per micro-batch, :class:`TableFanout` (the ``foreachBatch`` function) does this, with
 every row staying on the executors:
 
-1. :func:`streaming.route.route_batches` runs with ``mapInArrow`` over the batch: the record
-   contract, then each table's pure step (``messages``, ``logs``, counter records), every
-   rejected record as a ``quarantine`` row. The routed rows are persisted on the executors, so
-   the journals are read once per batch however many tables there are.
+1. The batch arrives routed: the query reads the journals through
+   :class:`streaming.route.RoutedJournal`, which runs the record contract and each table's pure
+   step (``messages``, ``logs``, counter records, every rejected record as a ``quarantine``
+   row) in the executors' Python workers as they read. The routed rows are persisted on the
+   executors, so the journals are read once per batch however many tables there are.
 2. One small aggregation brings the row count per destination and each node's last seq to
    the driver.
 3. Each table is written from its share by Spark's Delta writer (``sinks.delta``):
@@ -45,19 +46,19 @@ import threading
 import time
 from typing import cast
 
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 (pyspark's own convention)
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.types import ArrayType
 
+from ingest.source import Offset, checkpointed_offset
 from sinks.delta import DeltaTableWriter, spark_schema
 from sinks.mqtt import DecisionPublisher
 from sinks.quarantine import quarantine_writer
 from streaming import route
 from streaming.errors import PipelineError
 from streaming.history import messages_writer
-from streaming.job import check_checkpoint, journal_stream, start_query
+from streaming.job import check_checkpoint, journal_options, journal_stream, start_query
 from streaming.logs import logs_writer
 from streaming.maintenance import MaintenanceSchedule, spark_maintainer
 from streaming.quality import QualitySchedule
@@ -88,7 +89,9 @@ class TableFanout:
         quota: QuotaSettings | None,
         notices: NoticeSettings | None = None,
     ) -> None:
-        self._commits = settings.checkpoint_path(JOB) / "commits"
+        self._checkpoint = settings.checkpoint_path(JOB)
+        self._commits = self._checkpoint / "commits"
+        self._journals = journal_options(settings)
         # A batch's last seq per node, until Spark has marked the batch done.
         self._pending: tuple[int, dict[str, int]] | None = None
         # The appends, in the order they commit: ``messages`` first (what analysts wait for).
@@ -115,36 +118,40 @@ class TableFanout:
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         self.send_notices()  # the previous batch is marked done now
         started = time.monotonic()
-        wire = batch.withColumn(route.WIRE_COLUMN, F.to_json(route.WIRE_COLUMN))
-        routed = wire.mapInArrow(
-            route.route_batches, spark_schema(route.ROUTED_WIRE_SCHEMA)
-        ).persist(StorageLevel.MEMORY_AND_DISK)
-        try:
-            counts: dict[str, int] = {}
-            ends: dict[str, int] = {}  # node -> its last seq in this batch
-            for row in (
-                routed.groupBy("dest", "node").agg(F.count("*").alias("n"), F.max("seq")).collect()
-            ):
-                counts[row["dest"]] = counts.get(row["dest"], 0) + row["n"]
-                ends[row["node"]] = max(ends.get(row["node"], 0), row["max(seq)"])
-            timings: dict[str, float] = {}
+        spark = batch.sparkSession
+        # The range Spark logged for this batch before running it: a replay reads the same.
+        start = checkpointed_offset(self._checkpoint, batch_id - 1)
+        end = checkpointed_offset(self._checkpoint, batch_id)
 
-            def lap(step: str) -> None:
-                timings[step] = time.monotonic() - started - sum(timings.values())
+        def share(dest: str) -> DataFrame:
+            rows = batch if dest == route.MESSAGES else self._range(spark, start, end, dest)
+            return _share(rows, dest)
 
-            lap("route")
-            for dest, writer in self.appends.items():
-                if counts.get(dest):
-                    writer.append(batch_id, _share(routed, dest))
-                    lap(dest)
-            counters = _share(routed, route.COUNTERS) if counts.get(route.COUNTERS) else None
-            self.usage(batch.sparkSession, batch_id, counters)
-            lap("usage")
-            if counts.get(route.QUARANTINE):
-                self.quarantine.append(batch_id, _share(routed, route.QUARANTINE))
-                lap("quarantine")
-        finally:
-            routed.unpersist()
+        counts: dict[str, int] = {}
+        ends: dict[str, int] = {}  # node -> its last seq in this batch
+        summary = route.read_range(spark, self._journals, start, end, summary=True)
+        for row in (
+            summary.groupBy("dest", "node")
+            .agg(F.sum("rows").alias("n"), F.max("last_seq").alias("last"))
+            .collect()
+        ):
+            counts[row["dest"]] = counts.get(row["dest"], 0) + row["n"]
+            ends[row["node"]] = max(ends.get(row["node"], 0), row["last"])
+        timings: dict[str, float] = {}
+
+        def lap(step: str) -> None:
+            timings[step] = time.monotonic() - started - sum(timings.values())
+
+        lap("route")
+        for dest, writer in self.appends.items():
+            if counts.get(dest):
+                writer.append(batch_id, share(dest))
+                lap(dest)
+        self.usage(spark, batch_id, share(route.COUNTERS) if counts.get(route.COUNTERS) else None)
+        lap("usage")
+        if counts.get(route.QUARANTINE):
+            self.quarantine.append(batch_id, share(route.QUARANTINE))
+            lap("quarantine")
         logger.info(
             "batch %d: %s rows; %s",
             batch_id,
@@ -152,6 +159,9 @@ class TableFanout:
             ", ".join(f"{step} {seconds:.2f} s" for step, seconds in timings.items()),
         )
         self._pending = (batch_id, ends)
+
+    def _range(self, spark: SparkSession, start: Offset, end: Offset, dest: str) -> DataFrame:
+        return route.read_range(spark, self._journals, start, end, dests=(dest,))
 
     def send_notices(self) -> None:
         """Tell the edges how far the lake holds each node's journal, for the last batch Spark

@@ -98,8 +98,8 @@ def build_spark(settings: PipelineSettings) -> SparkSession:
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        # The table steps run in Python on the executors (mapInArrow): 100,000-row Arrow
-        # batches cost a tenth of the per-batch overhead of the default 10,000.
+        # Steps run in Python on the executors (the usage step's applyInArrow): 100,000-row
+        # Arrow batches cost a tenth of the per-batch overhead of the default 10,000.
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "100000")
     )
     for key, value in delta_config(settings.shuffle_partitions).items():
