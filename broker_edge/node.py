@@ -19,6 +19,7 @@ from broker_edge import sessionlog, store
 from broker_edge.broker import Broker
 from broker_edge.durability import GroupCommitter, JournalStatus
 from broker_edge.errors import ConfigError
+from broker_edge.http_api import HttpApi, HttpServer, check_exposure
 from broker_edge.listener import MqttProtocol
 from broker_edge.message import Message
 from broker_edge.packets import QoS, ReasonCode
@@ -55,6 +56,7 @@ class EdgeNode:
         self.started_at = 0.0  # event loop time
         self.broker: Broker | None = None
         self._session_log: sessionlog.SessionLog | None = None
+        self.http: HttpServer | None = None
         self._sys_tree = SysTree(installed_version())
 
     async def __aenter__(self) -> EdgeNode:
@@ -72,6 +74,10 @@ class EdgeNode:
     async def start(self) -> None:
         settings = self.settings
         loop = asyncio.get_running_loop()
+        tenants = tenants_load(self.tenants_file) if self.tenants_file is not None else None
+        operator_token = tenants.operator_token if tenants is not None else None
+        if settings.http_listen:
+            check_exposure(settings.http_address[0], operator_token)  # before anything opens
         writer = await loop.run_in_executor(
             None,
             lambda: JournalWriter.open(
@@ -82,7 +88,6 @@ class EdgeNode:
                 files=self._journal_files,
             ),
         )
-        tenants = tenants_load(self.tenants_file) if self.tenants_file is not None else None
         committer = GroupCommitter(
             writer,
             max_bytes=settings.journal_max_bytes,
@@ -115,6 +120,15 @@ class EdgeNode:
         )
         sock: socket.socket = self._server.sockets[0]
         self.port = sock.getsockname()[1]
+        if settings.http_listen:
+            api = HttpApi(
+                settings.journal_root / settings.node_id,
+                operator_token,
+                max_records=settings.http_max_records,
+            )
+            self.http = HttpServer(api)
+            await self.http.start(*settings.http_address)
+            log.info("edge %s: journal over HTTP on %s", settings.node_id, settings.http_listen)
         self.started_at = loop.time()
         self._housekeeping = loop.create_task(self._housekeep(), name="housekeeping")
         self._snapshots = loop.create_task(self._snapshot_loop(), name="snapshots")
@@ -252,6 +266,8 @@ class EdgeNode:
             log.warning("SIGHUP: tenants file not reloaded, keeping the old one: %s", exc)
             return
         self.broker.tenancy.reload(config)
+        if self.http is not None:
+            self.http.api.token = config.operator_token
         log.info(
             "SIGHUP: tenants file %s reloaded (%d tenants)", self.tenants_file, len(config.tenants)
         )
@@ -319,6 +335,8 @@ class EdgeNode:
         """Stop accepting, close clients (MQTT 5: DISCONNECT 0x8B), flush the journal."""
         if self._server is not None:
             self._server.close()
+        if self.http is not None:
+            await self.http.close()
         for task in (self._housekeeping, self._sys, self._snapshots, self._counters):
             if task is not None:
                 task.cancel()

@@ -9,21 +9,39 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from ingest.source import OPTION_CHECKPOINT, OPTION_MAX_RECORDS, OPTION_PATH, SOURCE_NAME
+from ingest.source import (
+    OPTION_CHECKPOINT,
+    OPTION_EDGES,
+    OPTION_MAX_RECORDS,
+    OPTION_PATH,
+    OPTION_TOKEN,
+    SOURCE_NAME,
+)
 from sinks.delta import DeltaTableWriter
 from streaming.errors import PipelineError
 from streaming.settings import PipelineSettings
 
 
-def journal_stream(spark: SparkSession, settings: PipelineSettings, checkpoint: Path) -> DataFrame:
-    """Every node's journal as a stream, capped per micro-batch (see ``ingest.source``)."""
-    return (
+def journal_stream(
+    spark: SparkSession,
+    settings: PipelineSettings,
+    checkpoint: Path,
+    edge_token: str | None = None,
+) -> DataFrame:
+    """Every node's journal as a stream, capped per micro-batch (see ``ingest.source``): the
+    journals under ``data_dir`` and those of ``settings.edges`` over HTTP (``edge_token``: the
+    operator token they want as bearer)."""
+    reader = (
         spark.readStream.format(SOURCE_NAME)
         .option(OPTION_PATH, str(settings.journal_root))
         .option(OPTION_MAX_RECORDS, str(settings.max_records_per_batch))
         .option(OPTION_CHECKPOINT, str(checkpoint))
-        .load()
     )
+    if settings.edges:
+        reader = reader.option(OPTION_EDGES, ",".join(settings.edges))
+    if edge_token:
+        reader = reader.option(OPTION_TOKEN, edge_token)
+    return reader.load()
 
 
 def start_query(

@@ -174,34 +174,42 @@ def _share(routed: DataFrame, dest: str) -> DataFrame:
 
 
 def start(
-    spark: SparkSession, settings: PipelineSettings, quota: QuotaSettings | None = None
+    spark: SparkSession,
+    settings: PipelineSettings,
+    quota: QuotaSettings | None = None,
+    edge_token: str | None = None,
 ) -> StreamingQuery:
     """Start the journal query on ``spark`` (with the quota step when ``quota`` is given).
 
     With or without ``quota`` it is the same query (name, checkpoint, app ids), so quota
-    enforcement can be switched on and off across restarts.
+    enforcement can be switched on and off across restarts. ``edge_token`` is the bearer
+    token for ``settings.edges`` (the operator token).
     """
-    return _start(spark, settings, quota)[0]
+    return _start(spark, settings, quota, edge_token)[0]
 
 
 def _start(
-    spark: SparkSession, settings: PipelineSettings, quota: QuotaSettings | None
+    spark: SparkSession,
+    settings: PipelineSettings,
+    quota: QuotaSettings | None,
+    edge_token: str | None = None,
 ) -> tuple[StreamingQuery, TableFanout]:
     checkpoint = settings.checkpoint_path(JOB)
     fanout = TableFanout(settings, quota)
     for writer in fanout.writers:
         check_checkpoint(checkpoint, writer)
     query = start_query(
-        journal_stream(spark, settings, checkpoint),
+        journal_stream(spark, settings, checkpoint, edge_token),
         job=JOB,
         sink=fanout,
         checkpoint=checkpoint,
         settings=settings,
     )
     logger.info(
-        "started %s: %s -> %s (quota %s)",
+        "started %s: %s%s -> %s (quota %s)",
         JOB,
         settings.journal_root,
+        "".join(f", edge {edge}" for edge in settings.edges),
         settings.lake,
         "on" if quota is not None else "off",
     )
@@ -215,6 +223,7 @@ def run(
     stop: threading.Event | None = None,
     spark: SparkSession | None = None,
     quota: QuotaSettings | None = None,
+    edge_token: str | None = None,
 ) -> None:
     """Run the journal query (with the quota step when ``quota`` is given).
 
@@ -223,14 +232,14 @@ def run(
     suites and the table maintenance run on their schedules (``quality_interval_seconds``,
     ``maintenance_interval_seconds``) in background threads. The session is built from
     ``settings`` and stopped at the end, unless the caller passes its own ``spark`` (then the
-    caller owns and stops it).
+    caller owns and stops it). ``edge_token``: the bearer token for ``settings.edges``.
     """
     session = spark if spark is not None else build_spark(settings)
     query: StreamingQuery | None = None
     fanout: TableFanout | None = None
     schedules: list[IntervalSchedule] = []
     try:
-        query, fanout = _start(session, settings, quota)
+        query, fanout = _start(session, settings, quota, edge_token)
         if once:
             query.processAllAvailable()
             logger.info("%s: caught up", query.name)
