@@ -128,7 +128,12 @@ class EdgeNode:
             )
             self.http = HttpServer(api)
             await self.http.start(*settings.http_address)
-            log.info("edge %s: journal over HTTP on %s", settings.node_id, settings.http_listen)
+            log.info(
+                "edge %s: journal over HTTP on %s port %d",
+                settings.node_id,
+                settings.http_address[0],
+                self.http.port,
+            )
         self.started_at = loop.time()
         self._housekeeping = loop.create_task(self._housekeep(), name="housekeeping")
         self._snapshots = loop.create_task(self._snapshot_loop(), name="snapshots")

@@ -70,7 +70,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from ingest.journal import JournalReader
-    from ingest.remote import EdgeJournal
+    from ingest.remote import EdgeJournal, EdgeUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -269,15 +269,28 @@ class EdgebusStreamReader(DataSourceStreamReader):
         return ranges
 
     def _edge_ranges(self, local: set[str]) -> list[EdgeJournal]:
-        """Every edge's node and seq range; an edge that does not answer is left out (its
-        node's offset stays where it is), logged when it goes and when it comes back."""
+        """Every edge's node and seq range, asked all at once (an unreachable edge costs its
+        connect timeout once, not once per edge before it); an edge that does not answer is
+        left out (its node's offset stays where it is), logged when it goes and comes back."""
+        from concurrent.futures import ThreadPoolExecutor
+
         from ingest.remote import EdgeUnavailable, journal_range
 
-        found: list[EdgeJournal] = []
-        for edge in self._options.edges:
+        def ask(edge: str) -> EdgeJournal | EdgeUnavailable:
             try:
-                remote = journal_range(edge, self._options.token)
+                return journal_range(edge, self._options.token)
             except EdgeUnavailable as exc:
+                return exc
+
+        edges = self._options.edges
+        if not edges:
+            return []
+        with ThreadPoolExecutor(max_workers=min(len(edges), 16)) as pool:
+            answers = list(pool.map(ask, edges))  # a refusal (EdgeRefused) raises here
+        found: list[EdgeJournal] = []
+        for edge, remote in zip(edges, answers, strict=True):
+            if isinstance(remote, EdgeUnavailable):
+                exc = remote
                 if edge not in self._down:
                     logger.warning("%s; its node's records wait until it answers", exc)
                     self._down.add(edge)
@@ -299,6 +312,8 @@ class EdgebusStreamReader(DataSourceStreamReader):
     def _edge_for(self, node: str) -> str | None:
         """None for a local node, else the edge serving it (asked again if not known yet: a
         batch replayed after a restart plans before ``latestOffset``)."""
+        if not self._options.edges:
+            return None
         if node not in self._edge_of and not (self._root / node).is_dir():
             self._edge_ranges(set())
         edge = self._edge_of.get(node)

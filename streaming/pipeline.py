@@ -74,6 +74,9 @@ QUARANTINE_TABLE = "quarantine"
 
 # How often a long run checks whether the query failed (a set stop event is seen at once).
 POLL_SECONDS = 0.5
+# Journal notices go to the edges at most this often while the query runs (and when it stops):
+# retention works in hours, and each delivery is a connection the edges log and journal.
+NOTICE_INTERVAL_SECONDS = 10.0
 # How long stopping waits for a running micro-batch to finish before interrupting it.
 STOP_GRACE_SECONDS = 30.0
 
@@ -85,6 +88,7 @@ class TableFanout:
         self._commits = settings.checkpoint_path(JOB) / "commits"
         # A batch's last seq per node, until Spark has marked the batch done.
         self._pending: tuple[int, dict[str, int]] | None = None
+        self._noticed_at = -NOTICE_INTERVAL_SECONDS  # monotonic time of the last notices
         # The appends, in the order they commit: ``messages`` first (what analysts wait for).
         self.appends: dict[str, DeltaTableWriter] = {
             route.MESSAGES: messages_writer(settings),
@@ -106,7 +110,7 @@ class TableFanout:
         return [*self.appends.values(), *self.usage.writers, self.quarantine]
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        self.send_notices()  # the previous batch is marked done now
+        self.send_notices(now=time.monotonic())  # the previous batch is marked done now
         started = time.monotonic()
         wire = batch.withColumn(route.WIRE_COLUMN, F.to_json(route.WIRE_COLUMN))
         routed = wire.mapInArrow(
@@ -144,16 +148,27 @@ class TableFanout:
             counts,
             ", ".join(f"{step} {seconds:.2f} s" for step, seconds in timings.items()),
         )
-        self._pending = (batch_id, ends)
+        # Nodes of earlier batches whose notice waits (the interval) keep their seq: once this
+        # batch is marked done, so are they.
+        waiting = self._pending[1] if self._pending is not None else {}
+        self._pending = (batch_id, {**waiting, **ends})
 
-    def send_notices(self) -> None:
+    def send_notices(self, *, now: float | None = None) -> None:
         """Tell the edges how far the lake holds each node's journal, for the last batch Spark
-        has marked done (``$control/journal/{node}``, retained); nothing without edges."""
+        has marked done (``$control/journal/{node}``, retained); nothing without edges.
+
+        At most once every NOTICE_INTERVAL_SECONDS (``now=None``: now, whatever the interval,
+        when the query stops): each delivery's connect and disconnect are log events the edge
+        journals, so a notice per batch would make every notice start a batch of its own.
+        """
         if self._pending is None or self.publisher is None or not self.publisher.brokers:
             return
         batch_id, ends = self._pending
         if not (self._commits / str(batch_id)).exists():
             return  # not marked done yet: a replay could still need these records
+        if now is not None and now - self._noticed_at < NOTICE_INTERVAL_SECONDS:
+            return
+        self._noticed_at = time.monotonic() if now is None else now
         self._pending = None
         for node, seq in sorted(ends.items()):
             # Errors are logged; the next batch's notice (a higher seq) supersedes this one.
