@@ -37,6 +37,7 @@ import ipaddress
 import json
 import logging
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -187,9 +188,12 @@ def _gathered(pieces: Iterator[bytes]) -> Iterator[bytes]:
 class HttpServer:
     """``await HttpServer(api).start(host, port)``; ``close()`` stops it."""
 
-    def __init__(self, api: HttpApi) -> None:
+    def __init__(self, api: HttpApi, *, threads: int = 2) -> None:
         self.api = api
         self.port = 0
+        # Journal reads run on threads of their own: remote readers never hold up the threads
+        # the edge's own work runs on (journal open, snapshots).
+        self._reads = ThreadPoolExecutor(threads, thread_name_prefix="http-journal")
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
 
@@ -208,6 +212,7 @@ class HttpServer:
         if self._server is not None:
             await self._server.wait_closed()
             self._server = None
+        self._reads.shutdown(wait=False, cancel_futures=True)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -247,7 +252,7 @@ class HttpServer:
                 return False
         method, target = request.method.decode(), request.target.decode("ascii", "replace")
         reply = await asyncio.get_running_loop().run_in_executor(
-            None, self.api.handle, method, target, list(request.headers)
+            self._reads, self.api.handle, method, target, list(request.headers)
         )
         await self._send(conn, writer, reply, head_only=method == "HEAD")
         return conn.our_state is h11.DONE and conn.their_state is h11.DONE
@@ -262,9 +267,8 @@ class HttpServer:
             data = await asyncio.wait_for(reader.read(65_536), IDLE_TIMEOUT)
             conn.receive_data(data)
 
-    @staticmethod
     async def _send(
-        conn: h11.Connection, writer: asyncio.StreamWriter, reply: Reply, *, head_only: bool
+        self, conn: h11.Connection, writer: asyncio.StreamWriter, reply: Reply, *, head_only: bool
     ) -> None:
         headers = [("Content-Type", reply.content_type), *reply.headers]
         if reply.pieces is None:
@@ -281,7 +285,9 @@ class HttpServer:
         )
         if reply.pieces is not None and not head_only:
             loop = asyncio.get_running_loop()
-            while (piece := await loop.run_in_executor(None, next, reply.pieces, None)) is not None:
+            while (
+                piece := await loop.run_in_executor(self._reads, next, reply.pieces, None)
+            ) is not None:
                 writer.write(conn.send(h11.Data(data=piece)) or b"")
                 await writer.drain()  # a slow reader pauses the journal read
         elif reply.body and not head_only:
