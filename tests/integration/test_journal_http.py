@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -172,3 +173,29 @@ def test_without_an_operator_token_only_loopback_is_served(tmp_path: Path) -> No
         assert (status, json.loads(body)["node"]) == (200, "open")
     finally:
         loopback.stop()
+
+
+def test_sighup_swaps_the_operator_token(
+    make_edge: Any, tenants_file: Path, make_client: Any
+) -> None:
+    edge = make_edge(tenants_file, http_listen="127.0.0.1:0", journal_fsync=False)
+    port = http_port(edge)
+    tenants_file.write_text(tenants_file.read_text().replace('"op-token"', '"op-token-2"'))
+    edge.call(edge.node.reload_tenants)
+    assert get(port, "/journal", BEARER)[0] == 403
+    assert get(port, "/journal", {"Authorization": "Bearer op-token-2"})[0] == 200
+
+
+def test_a_malformed_request_gets_400_and_the_edge_keeps_serving(http_edge: RunningEdge) -> None:
+    port = http_port(http_edge)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        raw.sendall(b"GET /healthz HTTP/1.1\r\nHost x\r\n\r\n")  # a header without a colon
+        answer = b""
+        while chunk := raw.recv(4096):  # until the edge closes the connection
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 400 ")
+        assert b'"error": "bad request' in answer
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        raw.sendall(b"GET /" + b"x" * 20_000 + b" HTTP/1.1\r\n")  # over the header limit
+        assert raw.recv(4096).startswith(b"HTTP/1.1 431 ")
+    assert get(port, "/healthz")[0] == 200
