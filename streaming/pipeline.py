@@ -148,8 +148,12 @@ class TableFanout:
             counts,
             ", ".join(f"{step} {seconds:.2f} s" for step, seconds in timings.items()),
         )
-        # Nodes of earlier batches whose notice waits (the interval) keep their seq: once this
-        # batch is marked done, so are they.
+        self.batch_ended(batch_id, ends)
+
+    def batch_ended(self, batch_id: int, ends: dict[str, int]) -> None:
+        """Batch ``batch_id`` is in every table, with each node's last seq in ``ends``: its
+        notices go out once Spark marks it done. Nodes of earlier batches whose notices still
+        wait (the interval) keep their seq: once this batch is marked done, so are they."""
         waiting = self._pending[1] if self._pending is not None else {}
         self._pending = (batch_id, {**waiting, **ends})
 
