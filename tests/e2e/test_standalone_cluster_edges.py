@@ -2,12 +2,14 @@
 cluster (issue 12): two ``edgebus edge`` processes with their own data dirs, which the pipeline
 is never told about, serve their journals over HTTP; the executors fetch the ranges from the
 edges, every acknowledged publish lands once in ``messages``, and each edge gets its node's
-retained journal notice."""
+retained journal notice; a driver SIGKILLed mid-run and run again leaves every record once."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -47,7 +49,23 @@ def test_a_standalone_cluster_reads_two_edges_over_http(
         *("--broker", f"127.0.0.1:{a.mqtt_port}", "--broker", f"127.0.0.1:{b.mqtt_port}"),
         "--once",
     ]
-    for _ in range(2):  # the second run finds nothing new and writes nothing twice
+    # Killed mid-run (SIGKILL, after its first messages commit), then run again: every record
+    # once. Small batches, so the kill lands between batches of both nodes.
+    config = tmp_path / "pipeline.toml"
+    config.write_text("[pipeline]\nmax_records_per_batch = 100\n")
+    command += ["--config", str(config)]
+    log = tmp_path / "pipeline.log"
+    killed = subprocess.Popen([*command], stderr=log.open("ab"), cwd=workdir)
+    first_commit = lake / "messages" / "_delta_log" / f"{1:020d}.json"
+    deadline = time.monotonic() + 300
+    while not first_commit.exists() and killed.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # another process's commit: there is no event to await
+    assert killed.poll() is None, log.read_text()[-3000:]
+    killed.send_signal(signal.SIGKILL)
+    killed.wait(30)
+    partial = read_table(lake / "messages", columns=["seq"]).num_rows
+    assert 0 < partial < sum(map(len, sent.values()))
+    for _ in range(2):  # then the rest; the second run finds nothing new and writes nothing twice
         done = subprocess.run(
             command, capture_output=True, text=True, timeout=600, check=False, cwd=workdir
         )
