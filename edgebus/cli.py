@@ -242,7 +242,10 @@ def _pipeline(args: argparse.Namespace) -> int:
             )
             return 2
         if not args.broker:
-            log.warning("no --broker: quota decisions are recorded, not sent to any edge")
+            log.warning(
+                "no --broker: quota decisions are recorded, not sent to any edge, and no edge "
+                "gets journal notices (retention keeps every segment)"
+            )
         quota = _quota_settings(args.tenants, tenants.operator_token, args.broker)
         edge_token: str | None = tenants.operator_token
     else:

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ingest.source import SourceError
+from ingest.source import SourceError, parse_edge
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -51,14 +51,6 @@ class EdgeJournal:
     node: str
     first_seq: int | None
     last_seq: int
-
-
-def parse_edge(text: str) -> tuple[str, int]:
-    host, sep, port = text.strip().rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65_535:
-        raise SourceError(f"edgebus source: an edge is HOST:PORT, got {text!r}")
-    return host, int(port)
 
 
 def _get(edge: str, target: str, token: str | None, timeout: float) -> http.client.HTTPResponse:

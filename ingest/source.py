@@ -159,13 +159,20 @@ class SourceOptions:
             e.strip() for e in given.get(OPTION_EDGES.lower(), "").split(",") if e.strip()
         )
         for edge in edges:
-            host, sep, port = edge.rpartition(":")
-            if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65_535:
-                raise SourceOptionError(
-                    f"edgebus source: option {OPTION_EDGES!r}: an edge is HOST:PORT, got {edge!r}"
-                )
+            parse_edge(edge)
         token = given.get(OPTION_TOKEN.lower()) or None
         return cls(Path(root), max_records, checkpoint, edges, token)
+
+
+def parse_edge(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` too) of an edge's HTTP port."""
+    host, sep, port = text.strip().rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65_535:
+        raise SourceOptionError(
+            f"edgebus source: option {OPTION_EDGES!r}: an edge is HOST:PORT, got {text!r}"
+        )
+    return host, int(port)
 
 
 def _local_path(location: str | None) -> Path | None:
