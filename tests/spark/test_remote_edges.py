@@ -1,8 +1,9 @@
 """The pipeline reads edges over HTTP (issue 12): two real ``edgebus edge`` processes with their
 own data dirs (never given to the pipeline), real paho publishers, the real source and Delta
-tables. Every acknowledged publish lands once in ``messages``; an edge that is down delays only
-its own records; a wrong token or a removed range stops the query naming edge, node and seqs;
-the committed offsets reach each edge as its retained journal notice."""
+tables, with a local journal beside them. Every acknowledged publish lands once in ``messages``;
+an edge that is down delays only its own records; a wrong token or a removed range stops the
+query naming edge, node and seqs; the committed offsets reach each edge as its retained journal
+notice."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from counter_records import write_records
 from edge_process import (  # noqa: F401 (two_edges: the fixture)
     OPERATOR_TOKEN,
     EdgeProcess,
@@ -48,7 +50,12 @@ def test_two_edges_over_http_one_down_midway(
 ) -> None:
     a, b = two_edges
     settings = make_settings(edges=(a.http_address, b.http_address))
-    assert not settings.journal_root.exists()  # the journals are only over HTTP
+    # Mixed: one more node's journal on the pipeline's own disk; the edges' only over HTTP.
+    local = [b'{"vehicle":"l","i":%d}' % i for i in range(10)]
+    write_records(
+        settings.journal_root, "edge-l", [("acme", "fleet/l/telemetry", p) for p in local]
+    )
+    assert sorted(p.name for p in settings.journal_root.iterdir()) == ["edge-l"]
     quota = QuotaSettings(
         load_limits=lambda: {"acme": TenantLimits()},
         operator_token=OPERATOR_TOKEN,
@@ -63,6 +70,7 @@ def test_two_edges_over_http_one_down_midway(
     sent = {
         "edge-a": publish_acked(a.mqtt_port, "a", 60),
         "edge-b": publish_acked(b.mqtt_port, "b", 50),
+        "edge-l": local,
     }
     run()
     assert landed(settings) == sent
