@@ -97,6 +97,50 @@ def peak_rss_mib() -> float:
     raise RuntimeError("no VmHWM in /proc/self/status")
 
 
+def timed_run(spark: Any, settings: Any, written: int) -> dict[str, Any]:
+    """Start the journal query, time it to caught-up, check ``messages`` has ``written`` rows;
+    the figures (see the module docstring)."""
+    from streaming import pipeline
+
+    reset_peak_rss()
+    started = time.perf_counter()
+    query = pipeline.start(spark, settings)
+    try:
+        query.processAllAvailable()
+        elapsed = time.perf_counter() - started
+        progress = list(query.recentProgress)
+        peak_rss = peak_rss_mib()
+    finally:
+        query.stop()
+    batches = [p for p in progress if p["numInputRows"] > 0]
+    steady = batches[1:]
+    steady_rows = sum(p["numInputRows"] for p in steady)
+    steady_s = sum(p["durationMs"]["triggerExecution"] for p in steady) / 1000
+    rows = count_rows(settings.table_path("messages"))
+    assert rows == written, f"{rows} rows in messages, {written} journaled"
+    return {
+        "seconds": round(elapsed, 2),
+        "rows_per_s": round(written / elapsed),
+        "batches": [
+            {"rows": p["numInputRows"], "ms": p["durationMs"]["triggerExecution"]} for p in batches
+        ],
+        "sustained_rows_per_s": round(steady_rows / steady_s) if steady_s else None,
+        "driver_peak_rss_mib": peak_rss,
+    }
+
+
+def report(result: dict[str, Any], name: str) -> None:
+    """Stamp ``result`` with the date and machine, print it, write it under bench/results."""
+    now = datetime.now(UTC)
+    result |= {
+        "date": now.isoformat(timespec="seconds"),
+        "timestamp_compact": f"{now:%Y%m%dT%H%M%SZ}",
+        "machine": machine_info(),
+    }
+    print(json.dumps(result, indent=2))
+    print(f"results: {write_report(result, RESULTS_DIR, name)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=1_000_000)
@@ -106,7 +150,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from streaming import pipeline
     from streaming.session import build_spark
     from streaming.settings import PipelineSettings
 
@@ -123,45 +166,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"journal: {written} records in {time.perf_counter() - started:.1f} s", flush=True)
         spark = build_spark(settings)
         try:
-            reset_peak_rss()
-            started = time.perf_counter()
-            query = pipeline.start(spark, settings)
-            try:
-                query.processAllAvailable()
-                elapsed = time.perf_counter() - started
-                progress = list(query.recentProgress)
-                peak_rss = peak_rss_mib()
-            finally:
-                query.stop()
+            run = timed_run(spark, settings, written)
         finally:
             spark.stop()
-        batches = [p for p in progress if p["numInputRows"] > 0]
-        steady = batches[1:]
-        steady_rows = sum(p["numInputRows"] for p in steady)
-        steady_s = sum(p["durationMs"]["triggerExecution"] for p in steady) / 1000
-        rows = count_rows(settings.table_path("messages"))
-        assert rows == written, f"{rows} rows in messages, {written} journaled"
-        now = datetime.now(UTC)
         result: dict[str, Any] = {
             "benchmark": "pipeline journal->delta",
             "records": written,
             "nodes": args.nodes,
             "payload_bytes": 200,
             "max_records_per_batch": args.max_records_per_batch,
-            "seconds": round(elapsed, 2),
-            "rows_per_s": round(written / elapsed),
-            "batches": [
-                {"rows": p["numInputRows"], "ms": p["durationMs"]["triggerExecution"]}
-                for p in batches
-            ],
-            "sustained_rows_per_s": round(steady_rows / steady_s) if steady_s else None,
-            "driver_peak_rss_mib": peak_rss,
-            "date": now.isoformat(timespec="seconds"),
-            "timestamp_compact": f"{now:%Y%m%dT%H%M%SZ}",
-            "machine": machine_info(),
+            **run,
         }
-        print(json.dumps(result, indent=2))
-        print(f"results: {write_report(result, RESULTS_DIR, 'pipeline')}")
+        report(result, "pipeline")
     finally:
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)

@@ -19,6 +19,7 @@ from broker_edge import sessionlog, store
 from broker_edge.broker import Broker
 from broker_edge.durability import GroupCommitter, JournalStatus
 from broker_edge.errors import ConfigError
+from broker_edge.http_api import HttpApi, HttpServer, check_exposure
 from broker_edge.listener import MqttProtocol
 from broker_edge.message import Message
 from broker_edge.packets import QoS, ReasonCode
@@ -59,6 +60,8 @@ class EdgeNode:
         self.started_at = 0.0  # event loop time
         self.broker: Broker | None = None
         self._session_log: sessionlog.SessionLog | None = None
+        self.http: HttpServer | None = None
+        self._local_token: str | None = None  # the edge's own operator token (none configured)
         self._sys_tree = SysTree(installed_version())
 
     async def __aenter__(self) -> EdgeNode:
@@ -85,6 +88,13 @@ class EdgeNode:
                 local_token = operator_token.ensure(settings.data_dir)
             except (OperatorTokenError, OSError) as exc:
                 raise ConfigError(str(exc)) from exc
+        # The HTTP port is the operator's: the configured token, else the edge's own (then
+        # only on loopback: a port others reach wants a token the operator chose).
+        configured = tenants.operator_token if tenants is not None else None
+        http_token = configured or local_token
+        self._local_token = local_token
+        if settings.http_listen:
+            check_exposure(settings.http_address[0], configured)  # before anything opens
         writer = await loop.run_in_executor(
             None,
             lambda: JournalWriter.open(
@@ -129,6 +139,20 @@ class EdgeNode:
         )
         sock: socket.socket = self._server.sockets[0]
         self.port = sock.getsockname()[1]
+        if settings.http_listen:
+            api = HttpApi(
+                settings.journal_root / settings.node_id,
+                http_token,
+                max_records=settings.http_max_records,
+            )
+            self.http = HttpServer(api)
+            await self.http.start(*settings.http_address)
+            log.info(
+                "edge %s: journal over HTTP on %s port %d",
+                settings.node_id,
+                settings.http_address[0],
+                self.http.port,
+            )
         self.started_at = loop.time()
         self._wake_at(loop.time() + HOUSEKEEPING_INTERVAL)
         self._snapshots = loop.create_task(self._snapshot_loop(), name="snapshots")
@@ -266,6 +290,8 @@ class EdgeNode:
             log.warning("SIGHUP: tenants file not reloaded, keeping the old one: %s", exc)
             return
         self.broker.reload_tenants(config)
+        if self.http is not None:
+            self.http.api.token = config.operator_token or self._local_token
         log.info(
             "SIGHUP: tenants file %s reloaded (%d tenants)", self.tenants_file, len(config.tenants)
         )
@@ -346,6 +372,8 @@ class EdgeNode:
         if self._tick_handle is not None:
             self._tick_handle.cancel()
             self._tick_handle = None
+        if self.http is not None:
+            await self.http.close()
         for task in (self._sys, self._snapshots, self._counters):
             if task is not None:
                 task.cancel()

@@ -80,6 +80,11 @@ class EdgeSettings:
     max_turn_seconds: float = 0.005
     # Seconds between $SYS/broker/... statistics updates (Mosquitto's sys_interval); 0 disables.
     sys_interval: float = 10.0
+    # HOST:PORT of the HTTP port serving the durable journal to remote pipelines, and /healthz
+    # ("" = no HTTP port). Needs the tenants file's operator token unless on a loopback address.
+    http_listen: str = ""
+    # Records one HTTP request may ask for (413 beyond): what one request costs the edge.
+    http_max_records: int = 1_000_000
 
     def __post_init__(self) -> None:
         _require(0 <= self.port <= 65_535, "edge.port", f"must be 0..65535, got {self.port}")
@@ -161,9 +166,28 @@ class EdgeSettings:
             f"must be a number of seconds >= 0 (0 disables $SYS), got {self.sys_interval}",
         )
 
+        if self.http_listen:
+            self.http_address  # noqa: B018 (validates)
+        _require(
+            self.http_max_records >= 1,
+            "edge.http_max_records",
+            f"must be >= 1, got {self.http_max_records}",
+        )
+
     @property
     def journal_root(self) -> Path:
         return self.data_dir / "journal"
+
+    @property
+    def http_address(self) -> tuple[str, int]:
+        """``http_listen`` as (host, port); ConfigError naming the key when it is not one."""
+        host, sep, port = self.http_listen.rpartition(":")
+        host = host.strip("[]")
+        if not sep or not host or not port.isdigit() or int(port) > 65_535:
+            raise ConfigError(
+                f"edge.http_listen: expected HOST:PORT (port 0..65535), got {self.http_listen!r}"
+            )
+        return host, int(port)
 
 
 def _require(ok: bool, key: str, problem: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -49,6 +50,12 @@ def _parser() -> argparse.ArgumentParser:
         "--tenants", type=Path, help="TOML tenants file (tokens, ACLs, limits); SIGHUP reloads it"
     )
     edge.add_argument(
+        "--http",
+        type=_host_port,
+        help="HOST:PORT serving the durable journal to remote pipelines, and /healthz "
+        "(bearer: the tenants file's operator token; without one, loopback only)",
+    )
+    edge.add_argument(
         "--loop", choices=("auto", "uvloop", "asyncio"), default="auto", help="event loop"
     )
 
@@ -63,8 +70,17 @@ def _parser() -> argparse.ArgumentParser:
         type=_host_port,
         action="append",
         default=[],
-        help="HOST:PORT of an edge to send quota decisions and journal notices to (repeatable); "
-        "without --tenants the notices use the operator token the edge made in the data dir",
+        help="HOST:PORT (MQTT) of an edge to send quota decisions and journal notices to "
+        "(repeatable; list every edge, those read with --edge too); without --tenants the "
+        "notices use the operator token the edge made in the data dir",
+    )
+    pipe.add_argument(
+        "--edge",
+        type=_host_port,
+        action="append",
+        default=[],
+        help="HOST:PORT of an edge's HTTP port (edgebus edge --http) to read its journal from "
+        "(repeatable; adds to [pipeline] edges; bearer: the --tenants operator token)",
     )
 
     run = sub.add_parser("run", help="the embedded default: one edge plus the pipeline")
@@ -129,6 +145,7 @@ def _edge(args: argparse.Namespace) -> int:
         "node_id": args.node_id,
         "host": args.listen[0] if args.listen else None,
         "port": args.listen[1] if args.listen else None,
+        "http_listen": _join_host_port(args.http) if args.http else None,
     }
     settings = load_edge(args.config, overrides, defaults={"node_id": socket.gethostname()})
     runner = _event_loop_runner(args.loop)
@@ -142,10 +159,15 @@ def _edge(args: argparse.Namespace) -> int:
             return 2
     try:
         runner(_serve_edge(settings, args.tenants))
-    except ConfigError as exc:  # e.g. an unsafe operator.token in the data dir
-        print(f"edgebus: {exc}", file=sys.stderr)
+    except ConfigError as exc:  # refused before any port opened (bad token file, exposure)
+        print(f"edgebus: bad settings: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _join_host_port(address: tuple[str, int]) -> str:
+    host, port = address
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _event_loop_runner(choice: str) -> Any:
@@ -173,6 +195,9 @@ async def _serve_edge(settings: Any, tenants: Path | None) -> None:
         print(
             f"edgebus edge {settings.node_id} listening on {settings.host}:{node.port}", flush=True
         )
+        if node.http is not None:
+            host = settings.http_address[0]
+            print(f"edgebus edge {settings.node_id} http on {host}:{node.http.port}", flush=True)
         await stop.wait()
         log.info("signal received: stopping")
     log.info("edge stopped cleanly")
@@ -184,6 +209,13 @@ def _pipeline_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def _pipeline(args: argparse.Namespace) -> int:
     settings = load_pipeline(args.config, _pipeline_overrides(args))
+    if args.edge:
+        added = [_join_host_port(edge) for edge in args.edge]
+        edges = tuple(dict.fromkeys([*settings.edges, *added]))
+        try:
+            settings = dataclasses.replace(settings, edges=edges)
+        except PipelineConfigError as exc:
+            raise SettingsError(f"--edge: {exc}") from exc
     # Before anything slow (imports, Spark): a signal during start-up stops the pipeline
     # cleanly (`edgebus run` forwards SIGTERM and SIGHUP as soon as it gets them).
     stop = threading.Event()
@@ -213,9 +245,13 @@ def _pipeline(args: argparse.Namespace) -> int:
             )
             return 2
         if not args.broker:
-            log.warning("no --broker: quota decisions are recorded, not sent to any edge")
+            log.warning(
+                "no --broker: quota decisions are recorded, not sent to any edge, and no edge "
+                "gets journal notices (retention keeps every segment)"
+            )
         quota = _quota_settings(args.tenants, tenants.operator_token, args.broker)
         notices = None
+        edge_token: str | None = tenants.operator_token
     else:
         quota = None
         try:
@@ -223,6 +259,14 @@ def _pipeline(args: argparse.Namespace) -> int:
         except OperatorTokenError as exc:
             print(f"edgebus: {exc}", file=sys.stderr)
             return 2
+        edge_token = None
+        if settings.edges:
+            log.warning(
+                "no --tenants: the edges %s are asked without a token (an edge without a "
+                "configured operator token guards its port with its own, in its data dir) "
+                "and get no journal notices unless listed with --broker",
+                ", ".join(settings.edges),
+            )
     from streaming import pipeline
     from streaming.session import delta_jars
 
@@ -233,7 +277,9 @@ def _pipeline(args: argparse.Namespace) -> int:
         return 2
     if stop.is_set():
         return 0  # stopped before Spark started
-    pipeline.run(settings, once=args.once, stop=stop, quota=quota, notices=notices)
+    pipeline.run(
+        settings, once=args.once, stop=stop, quota=quota, notices=notices, edge_token=edge_token
+    )
     return 0
 
 

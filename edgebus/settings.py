@@ -89,6 +89,10 @@ def _coerce(key: str, hint: Any, value: Any) -> Any:
         if isinstance(value, str):
             return value
         raise SettingsError(f"{key}: must be a string, got {value!r}")
+    if hint == tuple[str, ...]:
+        if isinstance(value, list | tuple) and all(isinstance(item, str) for item in value):
+            return tuple(value)
+        raise SettingsError(f"{key}: must be a list of strings, got {value!r}")
     if isinstance(hint, types.UnionType):
         return value
     raise SettingsError(f"{key}: unsupported setting type {hint!r}")

@@ -76,7 +76,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # A decoded frame: a pyarrow batch (readers) or an arro3 one (the edge).
-_B = TypeVar("_B", "pa.RecordBatch", RecordBatch)
+_B = TypeVar("_B", "pa.RecordBatch", RecordBatch, "_IpcFrame")
 
 FILE_MAGIC = b"EBJ1"
 FORMAT_VERSION = 1
@@ -999,15 +999,21 @@ class JournalReader:
         """The same records as :meth:`read`, one dict per record, decoded without pyarrow
         (the edge replays its state from these); ``ts`` is microseconds since the epoch."""
         for batch in self._read(after_seq, upto_seq, _decode_body_lean):
-            columns = {
-                name: batch.column(i).to_pylist()
-                for i, name in enumerate(WRITER_SCHEMA.names)
-                if name != "ts"
-            }
-            columns["ts"] = batch.column(2).cast(DataType.int64()).to_pylist()
-            names = list(columns)
-            for row in zip(*columns.values(), strict=True):
-                yield dict(zip(names, row, strict=True))
+            yield from _batch_rows(batch)
+
+    def read_ipc(self, after_seq: int, upto_seq: int) -> Iterator[bytes]:
+        """The same records as :meth:`read` as the pieces of one Arrow IPC stream (schema
+        message, one record batch message per frame, end-of-stream), without pyarrow: what the
+        edge serves over HTTP. A whole frame goes out as its body is on disk (CRC-checked); a
+        frame cut by the range is decoded and its part encoded again.
+
+        Errors as :meth:`read`, raised while iterating: check the range first
+        (:meth:`last_seq`, :meth:`check_available`) to answer before the first piece.
+        """
+        yield _schema_message()
+        for frame in self._read(after_seq, upto_seq, _IpcFrame.checked):
+            yield frame.message
+        yield _END_OF_STREAM
 
     def _read(
         self, after_seq: int, upto_seq: int, decode: Callable[[Path, _Frame, bytes], _B]
@@ -1068,6 +1074,48 @@ class JournalReader:
         complete = closed and tail.offset == size
         self._index[path] = _SegmentIndex(frames, complete)
         return frames
+
+
+def _batch_rows(batch: RecordBatch) -> Iterator[dict[str, Any]]:
+    columns = {
+        name: batch.column(i).to_pylist()
+        for i, name in enumerate(WRITER_SCHEMA.names)
+        if name != "ts"
+    }
+    columns["ts"] = batch.column(2).cast(DataType.int64()).to_pylist()
+    names = list(columns)
+    for row in zip(*columns.values(), strict=True):
+        yield dict(zip(names, row, strict=True))
+
+
+@dataclass(frozen=True, slots=True)
+class _IpcFrame:
+    """A frame body as an IPC record batch message, sliced without decoding where it can be."""
+
+    path: Path
+    frame: _Frame
+    message: bytes
+    num_rows: int
+
+    @classmethod
+    def checked(cls, path: Path, frame: _Frame, body: bytes) -> _IpcFrame:
+        _check_crc(path, frame, body)
+        return cls(path, frame, body, frame.count)
+
+    def slice(self, offset: int, length: int) -> _IpcFrame:
+        """Rows ``offset .. offset + length - 1`` as a message of their own: nanoarrow cannot
+        write a sliced array (it refuses a nonzero offset), so they are built again as the
+        writer builds a frame."""
+        batch = _decode_body_lean(self.path, self.frame, self.message).slice(offset, length)
+        values: list[Any] = []
+        for row in _batch_rows(batch):
+            pairs = tuple((p["key"], p["value"]) for p in row["user_properties"] or ())
+            values.append(row["ts"])
+            values.extend(row[name] for name in _RECORD_FIELDS[1:-1])
+            values.append(pairs)
+        first = self.frame.first_seq + offset
+        pending = PendingFrame(self.path.parent.name, first, length, values)  # dir = node
+        return _IpcFrame(self.path, self.frame, _ipc_messages(pending.to_batch())[1], length)
 
 
 def _still_there(f: BinaryIO, frame: _Frame, size: int) -> bool:

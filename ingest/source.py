@@ -18,6 +18,16 @@ Where the pieces run:
   Python stream reader), sliced at the range edges. Heavy imports happen there, not at import
   time.
 
+Journals over the network (option ``edges``, issue 12): besides the node directories under
+``path``, each edge ``HOST:PORT`` serves its node's durable journal over HTTP
+(``broker_edge.http_api``, client in ``ingest.remote``). ``latestOffset`` asks every edge for its
+node's seq range; a range of a remote node carries the edge's address, and the executor that
+reads it fetches it from the edge itself: no journal byte passes through the driver. An edge
+that does not answer is left out of that ``latestOffset``: its node's offset stays where it is
+(only its records wait) and the other nodes keep flowing; once it answers, its node continues
+from that offset, so its records arrive exactly once. A refusal (wrong token, a range retention
+removed) stops the query with the edge, node and seqs in the error.
+
 Capping. PySpark 4.1 gives Python sources no admission control (``maxRecordsPerBatch`` is not
 passed in by Spark), so the reader caps itself: ``latestOffset`` returns at most
 ``maxRecordsPerBatch`` records beyond the end offset it planned last, splitting the budget
@@ -43,6 +53,7 @@ capped source delivers only the first batch; use ``processAllAvailable()`` to dr
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -59,6 +70,9 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from ingest.journal import JournalReader
+    from ingest.remote import EdgeJournal, EdgeUnavailable
+
+logger = logging.getLogger(__name__)
 
 SOURCE_NAME = "edgebus"
 DEFAULT_MAX_RECORDS_PER_BATCH = 200_000
@@ -68,6 +82,10 @@ PARTITION_RECORDS = 50_000
 OPTION_PATH = "path"
 OPTION_MAX_RECORDS = "maxRecordsPerBatch"
 OPTION_CHECKPOINT = "checkpointLocation"
+OPTION_EDGES = "edges"
+"""Comma-separated ``HOST:PORT`` of edges serving their journal over HTTP."""
+OPTION_TOKEN = "operatorToken"  # noqa: S105 (an option's name, not a token)
+"""Bearer token for the edges (Spark redacts option values whose key matches "token")."""
 
 Offset = dict[str, int]
 
@@ -107,12 +125,14 @@ class SourceOptions:
     journal_root: Path
     max_records_per_batch: int
     checkpoint: Path | None
+    edges: tuple[str, ...] = ()
+    token: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
         """Validate the reader options; names are case-insensitive, as everywhere in Spark."""
         given = {key.lower(): value for key, value in options.items()}
-        known = (OPTION_PATH, OPTION_MAX_RECORDS, OPTION_CHECKPOINT)
+        known = (OPTION_PATH, OPTION_MAX_RECORDS, OPTION_CHECKPOINT, OPTION_EDGES, OPTION_TOKEN)
         unknown = sorted(set(given) - {name.lower() for name in known})
         if unknown:
             raise SourceOptionError(
@@ -135,7 +155,24 @@ class SourceOptions:
                 f"got {raw_max!r}"
             )
         checkpoint = _local_path(given.get(OPTION_CHECKPOINT.lower()))
-        return cls(Path(root), max_records, checkpoint)
+        edges = tuple(
+            e.strip() for e in given.get(OPTION_EDGES.lower(), "").split(",") if e.strip()
+        )
+        for edge in edges:
+            parse_edge(edge)
+        token = given.get(OPTION_TOKEN.lower()) or None
+        return cls(Path(root), max_records, checkpoint, edges, token)
+
+
+def parse_edge(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` too) of an edge's HTTP port."""
+    host, sep, port = text.strip().rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65_535:
+        raise SourceOptionError(
+            f"edgebus source: option {OPTION_EDGES!r}: an edge is HOST:PORT, got {text!r}"
+        )
+    return host, int(port)
 
 
 def _local_path(location: str | None) -> Path | None:
@@ -167,11 +204,13 @@ class EdgebusDataSource(DataSource):
 
 @dataclass(frozen=True)
 class JournalRange(InputPartition):
-    """One read task: the records of ``node`` with ``after_seq < seq <= upto_seq``."""
+    """One read task: the records of ``node`` with ``after_seq < seq <= upto_seq``, from the
+    journal under the source's path, or from ``edge`` (``HOST:PORT``) over HTTP."""
 
     node: str
     after_seq: int
     upto_seq: int
+    edge: str | None = None
 
 
 class EdgebusStreamReader(DataSourceStreamReader):
@@ -181,6 +220,8 @@ class EdgebusStreamReader(DataSourceStreamReader):
         self._options = options
         self._planned: Offset | None = None  # end offset of the last batch Spark will start at
         self._journals: dict[str, JournalReader] = {}
+        self._edge_of: dict[str, str] = {}  # remote node -> the edge serving it
+        self._down: set[str] = set()  # edges that did not answer last time (logged once)
 
     # --- driver side ----------------------------------------------------------------------------
 
@@ -194,15 +235,21 @@ class EdgebusStreamReader(DataSourceStreamReader):
 
         planned = self._planned_end()
         available = {node: self._journal(node).last_seq() for node in list_nodes(self._root)}
+        oldest = {node: self._journal(node).first_seq() for node in available}
+        where = {node: str(self._root / node) for node in available}
+        for remote in self._edge_ranges(set(available)):
+            available[remote.node] = remote.last_seq
+            oldest[remote.node] = remote.first_seq
+            where[remote.node] = f"edge {remote.edge}"
         for node, seq in available.items():
             if seq < planned.get(node, 0):
                 raise SourceError(
                     f"edgebus source: journal of node {node!r} ends at seq {seq} but the query "
                     f"already planned up to seq {planned[node]}: records were lost from "
-                    f"{self._root / node}"
+                    f"{where[node]}"
                 )
             if seq > planned.get(node, 0):
-                self._check_not_removed(node, planned.get(node, 0))
+                _check_not_removed(node, planned.get(node, 0), oldest[node], where[node])
         end = cap_offsets(planned, available, self._options.max_records_per_batch)
         self._planned = end
         return end
@@ -221,24 +268,69 @@ class EdgebusStreamReader(DataSourceStreamReader):
                     f"edgebus source: offset of node {node!r} went backwards in a batch: "
                     f"start {after}, end {upto}"
                 )
+            edge = self._edge_for(node) if upto > after else None
             ranges.extend(
-                JournalRange(node, lo, min(lo + PARTITION_RECORDS, upto))
+                JournalRange(node, lo, min(lo + PARTITION_RECORDS, upto), edge)
                 for lo in range(after, upto, PARTITION_RECORDS)
             )
         return ranges
 
-    def _check_not_removed(self, node: str, after: int) -> None:
-        """Stop, never skip, when retention already removed records this query has not read
-        (retention misconfigured, segments removed by hand): the error names the node and the
-        missing seqs."""
-        oldest = self._journal(node).first_seq()
-        if oldest is not None and after + 1 < oldest:
+    def _edge_ranges(self, local: set[str]) -> list[EdgeJournal]:
+        """Every edge's node and seq range, asked all at once (an unreachable edge costs its
+        connect timeout once, not once per edge before it); an edge that does not answer is
+        left out (its node's offset stays where it is), logged when it goes and comes back."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from ingest.remote import EdgeUnavailable, journal_range
+
+        def ask(edge: str) -> EdgeJournal | EdgeUnavailable:
+            try:
+                return journal_range(edge, self._options.token)
+            except EdgeUnavailable as exc:
+                return exc
+
+        edges = self._options.edges
+        if not edges:
+            return []
+        with ThreadPoolExecutor(max_workers=min(len(edges), 16)) as pool:
+            answers = list(pool.map(ask, edges))  # a refusal (EdgeRefused) raises here
+        found: list[EdgeJournal] = []
+        for edge, remote in zip(edges, answers, strict=True):
+            if isinstance(remote, EdgeUnavailable):
+                exc = remote
+                if edge not in self._down:
+                    logger.warning("%s; its node's records wait until it answers", exc)
+                    self._down.add(edge)
+                continue
+            if edge in self._down:
+                logger.info("edge %s answers again (node %s)", edge, remote.node)
+                self._down.discard(edge)
+            other = self._edge_of.get(remote.node, edge)
+            if remote.node in local or other != edge:
+                source = self._root / remote.node if remote.node in local else f"edge {other}"
+                raise SourceError(
+                    f"edgebus source: node {remote.node!r} of edge {edge} is also served by "
+                    f"{source}: two journals under one node name"
+                )
+            self._edge_of[remote.node] = edge
+            found.append(remote)
+        return found
+
+    def _edge_for(self, node: str) -> str | None:
+        """None for a local node, else the edge serving it (asked again if not known yet: a
+        batch replayed after a restart plans before ``latestOffset``)."""
+        if not self._options.edges:
+            return None
+        if node not in self._edge_of and not (self._root / node).is_dir():
+            self._edge_ranges(set())
+        edge = self._edge_of.get(node)
+        if edge is None and not (self._root / node).is_dir():
             raise SourceError(
-                f"edgebus source: journal of node {node!r} no longer has seqs "
-                f"{after + 1}..{oldest - 1} (its oldest segment starts at seq {oldest}) but "
-                f"the query has read only up to seq {after}: they were removed from "
-                f"{self._root / node} before the lake committed them; refusing to skip them"
+                f"edgebus source: node {node!r} has records in this batch but neither "
+                f"{self._root} nor any edge that answers ({', '.join(self._options.edges)}) "
+                "has its journal; is its edge down?"
             )
+        return edge
 
     def commit(self, end: Offset) -> None:
         """Nothing to do: retention, not the source, decides when journal records go."""
@@ -267,8 +359,32 @@ class EdgebusStreamReader(DataSourceStreamReader):
         from ingest.journal import JournalReader
 
         assert isinstance(partition, JournalRange)
+        if partition.edge is not None:
+            from ingest.remote import read_range
+
+            yield from read_range(
+                partition.edge,
+                self._options.token,
+                partition.node,
+                partition.after_seq,
+                partition.upto_seq,
+            )
+            return
         journal = JournalReader(self._root / partition.node)
         yield from journal.read(partition.after_seq, partition.upto_seq)
+
+
+def _check_not_removed(node: str, after: int, oldest: int | None, where: str) -> None:
+    """Stop, never skip, when retention already removed records this query has not read
+    (retention misconfigured, segments removed by hand): the error names the node and the
+    missing seqs."""
+    if oldest is not None and after + 1 < oldest:
+        raise SourceError(
+            f"edgebus source: journal of node {node!r} no longer has seqs "
+            f"{after + 1}..{oldest - 1} (its oldest segment starts at seq {oldest}) but "
+            f"the query has read only up to seq {after}: they were removed from "
+            f"{where} before the lake committed them; refusing to skip them"
+        )
 
 
 def cap_offsets(planned: Offset, available: Offset, budget: int) -> Offset:

@@ -9,30 +9,48 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from ingest.source import OPTION_CHECKPOINT, OPTION_MAX_RECORDS, OPTION_PATH
+from ingest.source import (
+    OPTION_CHECKPOINT,
+    OPTION_EDGES,
+    OPTION_MAX_RECORDS,
+    OPTION_PATH,
+    OPTION_TOKEN,
+)
 from sinks.delta import DeltaTableWriter
 from streaming import route
 from streaming.errors import PipelineError
 from streaming.settings import PipelineSettings
 
 
-def journal_stream(spark: SparkSession, settings: PipelineSettings, checkpoint: Path) -> DataFrame:
+def journal_stream(
+    spark: SparkSession,
+    settings: PipelineSettings,
+    checkpoint: Path,
+    edge_token: str | None = None,
+) -> DataFrame:
     """Every node's journal as a stream of routed rows (``streaming.route``), capped per
     micro-batch (see ``ingest.source``)."""
     route.register(spark)
     return (
         spark.readStream.format(route.ROUTED_SOURCE)
-        .options(**journal_options(settings))
+        .options(**journal_options(settings, edge_token))
         .option(OPTION_MAX_RECORDS, str(settings.max_records_per_batch))
         .option(OPTION_CHECKPOINT, str(checkpoint))
         .load()
     )
 
 
-def journal_options(settings: PipelineSettings) -> dict[str, str]:
+def journal_options(settings: PipelineSettings, edge_token: str | None = None) -> dict[str, str]:
     """Where the journals are: the source's options shared by the stream and by the batch
-    reads of a micro-batch's range (``streaming.route.read_range``)."""
-    return {OPTION_PATH: str(settings.journal_root)}
+    reads of a micro-batch's range (``streaming.route.read_range``): the journals under
+    ``data_dir`` and those of ``settings.edges`` over HTTP (``edge_token``: the operator token
+    they want as bearer)."""
+    options = {OPTION_PATH: str(settings.journal_root)}
+    if settings.edges:
+        options[OPTION_EDGES] = ",".join(settings.edges)
+    if edge_token:
+        options[OPTION_TOKEN] = edge_token
+    return options
 
 
 def start_query(

@@ -76,6 +76,9 @@ QUARANTINE_TABLE = "quarantine"
 
 # How often a long run checks whether the query failed (a set stop event is seen at once).
 POLL_SECONDS = 0.5
+# Journal notices go to the edges at most this often while the query runs (and when it stops):
+# retention works in hours, and each delivery is a connection the edges log and journal.
+NOTICE_INTERVAL_SECONDS = 10.0
 # How long stopping waits for a running micro-batch to finish before interrupting it.
 STOP_GRACE_SECONDS = 30.0
 
@@ -88,12 +91,14 @@ class TableFanout:
         settings: PipelineSettings,
         quota: QuotaSettings | None,
         notices: NoticeSettings | None = None,
+        edge_token: str | None = None,
     ) -> None:
         self._checkpoint = settings.checkpoint_path(JOB)
         self._commits = self._checkpoint / "commits"
-        self._journals = journal_options(settings)
+        self._journals = journal_options(settings, edge_token)
         # A batch's last seq per node, until Spark has marked the batch done.
         self._pending: tuple[int, dict[str, int]] | None = None
+        self._noticed_at = -NOTICE_INTERVAL_SECONDS  # monotonic time of the last notices
         # The appends, in the order they commit: ``messages`` first (what analysts wait for).
         self.appends: dict[str, DeltaTableWriter] = {
             route.MESSAGES: messages_writer(settings),
@@ -116,7 +121,7 @@ class TableFanout:
         return [*self.appends.values(), *self.usage.writers, self.quarantine]
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        self.send_notices()  # the previous batch is marked done now
+        self.send_notices(now=time.monotonic())  # the previous batch is marked done now
         started = time.monotonic()
         spark = batch.sparkSession
         # The range Spark logged for this batch before running it: a replay reads the same.
@@ -158,19 +163,34 @@ class TableFanout:
             counts,
             ", ".join(f"{step} {seconds:.2f} s" for step, seconds in timings.items()),
         )
-        self._pending = (batch_id, ends)
+        self.batch_ended(batch_id, ends)
 
     def _range(self, spark: SparkSession, start: Offset, end: Offset, dest: str) -> DataFrame:
         return route.read_range(spark, self._journals, start, end, dests=(dest,))
 
-    def send_notices(self) -> None:
+    def batch_ended(self, batch_id: int, ends: dict[str, int]) -> None:
+        """Batch ``batch_id`` is in every table, with each node's last seq in ``ends``: its
+        notices go out once Spark marks it done. Nodes of earlier batches whose notices still
+        wait (the interval) keep their seq: once this batch is marked done, so are they."""
+        waiting = self._pending[1] if self._pending is not None else {}
+        self._pending = (batch_id, {**waiting, **ends})
+
+    def send_notices(self, *, now: float | None = None) -> None:
         """Tell the edges how far the lake holds each node's journal, for the last batch Spark
-        has marked done (``$control/journal/{node}``, retained); nothing without edges."""
+        has marked done (``$control/journal/{node}``, retained); nothing without edges.
+
+        At most once every NOTICE_INTERVAL_SECONDS (``now=None``: now, whatever the interval,
+        when the query stops): each delivery's connect and disconnect are log events the edge
+        journals, so a notice per batch would make every notice start a batch of its own.
+        """
         if self._pending is None or self.publisher is None or not self.publisher.brokers:
             return
         batch_id, ends = self._pending
         if not (self._commits / str(batch_id)).exists():
             return  # not marked done yet: a replay could still need these records
+        if now is not None and now - self._noticed_at < NOTICE_INTERVAL_SECONDS:
+            return
+        self._noticed_at = time.monotonic() if now is None else now
         self._pending = None
         for node, seq in sorted(ends.items()):
             # Errors are logged; the next batch's notice (a higher seq) supersedes this one.
@@ -191,14 +211,18 @@ def _share(routed: DataFrame, dest: str) -> DataFrame:
 
 
 def start(
-    spark: SparkSession, settings: PipelineSettings, quota: QuotaSettings | None = None
+    spark: SparkSession,
+    settings: PipelineSettings,
+    quota: QuotaSettings | None = None,
+    edge_token: str | None = None,
 ) -> StreamingQuery:
     """Start the journal query on ``spark`` (with the quota step when ``quota`` is given).
 
     With or without ``quota`` it is the same query (name, checkpoint, app ids), so quota
-    enforcement can be switched on and off across restarts.
+    enforcement can be switched on and off across restarts. ``edge_token`` is the bearer
+    token for ``settings.edges`` (the operator token).
     """
-    return _start(spark, settings, quota)[0]
+    return _start(spark, settings, quota, edge_token=edge_token)[0]
 
 
 def _start(
@@ -206,22 +230,24 @@ def _start(
     settings: PipelineSettings,
     quota: QuotaSettings | None,
     notices: NoticeSettings | None = None,
+    edge_token: str | None = None,
 ) -> tuple[StreamingQuery, TableFanout]:
     checkpoint = settings.checkpoint_path(JOB)
-    fanout = TableFanout(settings, quota, notices)
+    fanout = TableFanout(settings, quota, notices, edge_token)
     for writer in fanout.writers:
         check_checkpoint(checkpoint, writer)
     query = start_query(
-        journal_stream(spark, settings, checkpoint),
+        journal_stream(spark, settings, checkpoint, edge_token),
         job=JOB,
         sink=fanout,
         checkpoint=checkpoint,
         settings=settings,
     )
     logger.info(
-        "started %s: %s -> %s (quota %s)",
+        "started %s: %s%s -> %s (quota %s)",
         JOB,
         settings.journal_root,
+        "".join(f", edge {edge}" for edge in settings.edges),
         settings.lake,
         "on" if quota is not None else "off",
     )
@@ -236,6 +262,7 @@ def run(
     spark: SparkSession | None = None,
     quota: QuotaSettings | None = None,
     notices: NoticeSettings | None = None,
+    edge_token: str | None = None,
 ) -> None:
     """Run the journal query (with the quota step when ``quota`` is given).
 
@@ -246,14 +273,14 @@ def run(
     suites and the table maintenance run on their schedules (``quality_interval_seconds``,
     ``maintenance_interval_seconds``) in background threads. The session is built from
     ``settings`` and stopped at the end, unless the caller passes its own ``spark`` (then the
-    caller owns and stops it).
+    caller owns and stops it). ``edge_token``: the bearer token for ``settings.edges``.
     """
     session = spark if spark is not None else build_spark(settings)
     query: StreamingQuery | None = None
     fanout: TableFanout | None = None
     schedules: list[IntervalSchedule] = []
     try:
-        query, fanout = _start(session, settings, quota, notices)
+        query, fanout = _start(session, settings, quota, notices, edge_token)
         if once:
             query.processAllAvailable()
             logger.info("%s: caught up", query.name)

@@ -18,6 +18,9 @@ class PipelineSettings:
 
     data_dir: Path = Path("data")
     lake: Path = Path("lake")
+    # Edges serving their journal over HTTP (``edgebus edge --http``), "HOST:PORT" each: read
+    # besides the journals under data_dir (issue 12); the executors fetch from them directly.
+    edges: tuple[str, ...] = ()
     master: str = "local[*]"
     max_records_per_batch: int = 200_000
     # A new micro-batch at most this often; a batch that takes longer runs the next at once.
@@ -52,6 +55,14 @@ class PipelineSettings:
             raise PipelineConfigError(
                 f"pipeline.vacuum_retention_hours: must be >= 0, got {self.vacuum_retention_hours}"
             )
+        for edge in self.edges:
+            host, sep, port = edge.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65_535:
+                raise PipelineConfigError(
+                    f'pipeline.edges: each edge is "HOST:PORT" (port 1..65535), got {edge!r}'
+                )
+        if len(set(self.edges)) != len(self.edges):
+            raise PipelineConfigError(f"pipeline.edges: an edge is listed twice: {self.edges}")
         if not self.master:
             raise PipelineConfigError("pipeline.master: must not be empty")
 

@@ -40,6 +40,27 @@ def test_bad_settings_name_the_key(tmp_path: Path) -> None:
     assert "edge.port: must be an integer" in result.stderr
 
 
+def test_the_journal_over_http_without_a_token_is_refused_off_loopback(tmp_path: Path) -> None:
+    result = edgebus(
+        *("edge", "--listen", "127.0.0.1:0", "--http", "0.0.0.0:0", "--data-dir", str(tmp_path))
+    )
+    assert result.returncode == 2
+    assert "edge.http_listen: serving the journal on 0.0.0.0 needs an operator token" in (
+        result.stderr
+    )
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "journal").exists()  # refused before the journal was opened
+
+
+def test_a_bad_edge_address_is_named(tmp_path: Path) -> None:
+    result = edgebus(
+        *("pipeline", "--data-dir", str(tmp_path), "--lake", str(tmp_path / "lake")),
+        *("--edge", "10.0.0.7:0", "--once"),
+    )
+    assert result.returncode == 2
+    assert '--edge: pipeline.edges: each edge is "HOST:PORT" (port 1..65535)' in result.stderr
+
+
 @pytest.mark.parametrize("brokers", [[], ["--broker", "127.0.0.1:1883"]])
 def test_pipeline_tenants_without_operator_token_is_refused(
     tmp_path: Path, brokers: list[str]

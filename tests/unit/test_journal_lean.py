@@ -4,10 +4,13 @@ record batch message they expect, and journals pyarrow wrote before stay readabl
 
 from __future__ import annotations
 
+import http.client
 import os
+import socket
 import subprocess
 import sys
 import textwrap
+import time
 import zlib
 from pathlib import Path
 
@@ -133,7 +136,8 @@ def test_the_edge_imports_neither_pyarrow_nor_pandas() -> None:
 
 
 def test_a_running_edge_process_has_no_pyarrow_or_pandas_mapped(tmp_path: Path) -> None:
-    """The real ``edgebus edge`` process, serving: no pyarrow or pandas library in memory."""
+    """The real ``edgebus edge`` process, serving MQTT and its journal over HTTP (a range of
+    records fetched): no pyarrow or pandas library in memory."""
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -146,6 +150,8 @@ def test_a_running_edge_process_has_no_pyarrow_or_pandas_mapped(tmp_path: Path) 
             str(tmp_path),
             "--node-id",
             "lean",
+            "--http",
+            "127.0.0.1:0",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -155,6 +161,23 @@ def test_a_running_edge_process_has_no_pyarrow_or_pandas_mapped(tmp_path: Path) 
         assert proc.stdout is not None
         line = proc.stdout.readline().decode()
         assert " on 127.0.0.1:" in line, line
+        http_port = int(proc.stdout.readline().decode().rsplit(":", 1)[1])
+        deadline = time.monotonic() + 30
+        while JournalReader(tmp_path / "journal" / "lean").last_seq() == 0:  # $SYS is not journaled
+            with socket.create_connection(("127.0.0.1", int(line.rsplit(":", 1)[1]))) as mqtt:
+                mqtt.sendall(bytes.fromhex("100c00044d5154540402003c0000"))  # CONNECT, then gone
+                mqtt.recv(4)  # CONNACK: its connect log event is journaled
+            assert time.monotonic() < deadline
+            time.sleep(0.05)  # the journal commits on its own thread
+        conn = http.client.HTTPConnection("127.0.0.1", http_port, timeout=10)
+        token = (tmp_path / "operator.token").read_text().strip()  # the edge's own
+        conn.request(
+            "GET", "/journal/records?after=0&upto=1", headers={"Authorization": f"Bearer {token}"}
+        )
+        response = conn.getresponse()
+        assert response.status == 200
+        assert pa.ipc.open_stream(response.read()).read_all().num_rows == 1
+        conn.close()
         maps = Path(f"/proc/{proc.pid}/maps").read_text()
     finally:
         proc.terminate()

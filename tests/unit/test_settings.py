@@ -45,6 +45,9 @@ def test_flags_override_file_and_defaults_sit_beneath(tmp_path: Path) -> None:
             "[edge]\njournal_retention_hours = -2\n",
             "edge.journal_retention_hours: must be a number of hours >= 0",
         ),
+        ("[edge]\nhttp_listen = '8080'\n", "edge.http_listen: expected HOST:PORT"),
+        ("[edge]\nhttp_listen = 'h:70000'\n", "edge.http_listen: expected HOST:PORT"),
+        ("[edge]\nhttp_max_records = 0\n", "edge.http_max_records: must be >= 1"),
         ("[edges]\n", "unknown table(s) edges"),
         ("[edge\n", "not valid TOML"),
     ],
@@ -62,6 +65,9 @@ def test_bad_edge_settings_name_the_key(tmp_path: Path, text: str, message: str)
         ("[pipeline]\nmax_records_per_batch = 0\n", "pipeline.max_records_per_batch"),
         ("[pipeline]\ntrigger_interval_seconds = -1\n", "pipeline.trigger_interval_seconds"),
         ("[pipeline]\nlake = 3\n", "pipeline.lake: must be a non-empty path"),
+        ("[pipeline]\nedges = 'h:1'\n", "pipeline.edges: must be a list of strings"),
+        ("[pipeline]\nedges = ['h']\n", 'pipeline.edges: each edge is "HOST:PORT"'),
+        ("[pipeline]\nedges = ['h:1', 'h:1']\n", "pipeline.edges: an edge is listed twice"),
     ],
 )
 def test_bad_pipeline_settings_name_the_key(tmp_path: Path, text: str, message: str) -> None:
@@ -69,6 +75,12 @@ def test_bad_pipeline_settings_name_the_key(tmp_path: Path, text: str, message: 
     path.write_text(text)
     with pytest.raises(SettingsError, match=message):
         load_pipeline(path, {})
+
+
+def test_edges_from_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text("[pipeline]\nedges = ['10.0.0.7:8080', 'edge-b.local:8080']\n")
+    assert load_pipeline(path, {}).edges == ("10.0.0.7:8080", "edge-b.local:8080")
 
 
 def test_missing_file_is_named(tmp_path: Path) -> None:
