@@ -22,17 +22,11 @@ def journal_stream(spark: SparkSession, settings: PipelineSettings, checkpoint: 
     route.register(spark)
     return (
         spark.readStream.format(route.ROUTED_SOURCE)
-        .options(**journal_options(settings))
+        .option(OPTION_PATH, str(settings.journal_root))
         .option(OPTION_MAX_RECORDS, str(settings.max_records_per_batch))
         .option(OPTION_CHECKPOINT, str(checkpoint))
         .load()
     )
-
-
-def journal_options(settings: PipelineSettings) -> dict[str, str]:
-    """Where the journals are: the source's options shared by the stream and by the batch
-    reads of a micro-batch's range (``streaming.route.read_range``)."""
-    return {OPTION_PATH: str(settings.journal_root)}
 
 
 def start_query(
