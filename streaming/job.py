@@ -41,10 +41,9 @@ def journal_stream(
 
 
 def journal_options(settings: PipelineSettings, edge_token: str | None = None) -> dict[str, str]:
-    """Where the journals are: the source's options shared by the stream and by the batch
-    reads of a micro-batch's range (``streaming.route.read_range``): the journals under
-    ``data_dir`` and those of ``settings.edges`` over HTTP (``edge_token``: the operator token
-    they want as bearer)."""
+    """Where the journals are, as the source's options: the journals under ``data_dir`` and
+    those of ``settings.edges`` over HTTP (``edge_token``: the operator token they want as
+    bearer)."""
     options = {OPTION_PATH: str(settings.journal_root)}
     if settings.edges:
         options[OPTION_EDGES] = ",".join(settings.edges)

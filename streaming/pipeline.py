@@ -46,19 +46,19 @@ import threading
 import time
 from typing import cast
 
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 (pyspark's own convention)
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.types import ArrayType
 
-from ingest.source import Offset, checkpointed_offset
 from sinks.delta import DeltaTableWriter, spark_schema
 from sinks.mqtt import DecisionPublisher
 from sinks.quarantine import quarantine_writer
 from streaming import route
 from streaming.errors import PipelineError
 from streaming.history import messages_writer
-from streaming.job import check_checkpoint, journal_options, journal_stream, start_query
+from streaming.job import check_checkpoint, journal_stream, start_query
 from streaming.logs import logs_writer
 from streaming.maintenance import MaintenanceSchedule, spark_maintainer
 from streaming.quality import QualitySchedule
@@ -91,11 +91,8 @@ class TableFanout:
         settings: PipelineSettings,
         quota: QuotaSettings | None,
         notices: NoticeSettings | None = None,
-        edge_token: str | None = None,
     ) -> None:
-        self._checkpoint = settings.checkpoint_path(JOB)
-        self._commits = self._checkpoint / "commits"
-        self._journals = journal_options(settings, edge_token)
+        self._commits = settings.checkpoint_path(JOB) / "commits"
         # A batch's last seq per node, until Spark has marked the batch done.
         self._pending: tuple[int, dict[str, int]] | None = None
         self._noticed_at = -NOTICE_INTERVAL_SECONDS  # monotonic time of the last notices
@@ -123,40 +120,33 @@ class TableFanout:
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         self.send_notices(now=time.monotonic())  # the previous batch is marked done now
         started = time.monotonic()
-        spark = batch.sparkSession
-        # The range Spark logged for this batch before running it: a replay reads the same.
-        start = checkpointed_offset(self._checkpoint, batch_id - 1)
-        end = checkpointed_offset(self._checkpoint, batch_id)
+        routed = batch.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            counts: dict[str, int] = {}
+            ends: dict[str, int] = {}  # node -> its last seq in this batch
+            for row in (
+                routed.groupBy("dest", "node").agg(F.count("*").alias("n"), F.max("seq")).collect()
+            ):
+                counts[row["dest"]] = counts.get(row["dest"], 0) + row["n"]
+                ends[row["node"]] = max(ends.get(row["node"], 0), row["max(seq)"])
+            timings: dict[str, float] = {}
 
-        def share(dest: str) -> DataFrame:
-            rows = batch if dest == route.MESSAGES else self._range(spark, start, end, dest)
-            return _share(rows, dest)
+            def lap(step: str) -> None:
+                timings[step] = time.monotonic() - started - sum(timings.values())
 
-        counts: dict[str, int] = {}
-        ends: dict[str, int] = {}  # node -> its last seq in this batch
-        summary = route.read_range(spark, self._journals, start, end, summary=True)
-        for row in (
-            summary.groupBy("dest", "node")
-            .agg(F.sum("rows").alias("n"), F.max("last_seq").alias("last"))
-            .collect()
-        ):
-            counts[row["dest"]] = counts.get(row["dest"], 0) + row["n"]
-            ends[row["node"]] = max(ends.get(row["node"], 0), row["last"])
-        timings: dict[str, float] = {}
-
-        def lap(step: str) -> None:
-            timings[step] = time.monotonic() - started - sum(timings.values())
-
-        lap("route")
-        for dest, writer in self.appends.items():
-            if counts.get(dest):
-                writer.append(batch_id, share(dest))
-                lap(dest)
-        self.usage(spark, batch_id, share(route.COUNTERS) if counts.get(route.COUNTERS) else None)
-        lap("usage")
-        if counts.get(route.QUARANTINE):
-            self.quarantine.append(batch_id, share(route.QUARANTINE))
-            lap("quarantine")
+            lap("route")
+            for dest, writer in self.appends.items():
+                if counts.get(dest):
+                    writer.append(batch_id, _share(routed, dest))
+                    lap(dest)
+            counters = _share(routed, route.COUNTERS) if counts.get(route.COUNTERS) else None
+            self.usage(batch.sparkSession, batch_id, counters)
+            lap("usage")
+            if counts.get(route.QUARANTINE):
+                self.quarantine.append(batch_id, _share(routed, route.QUARANTINE))
+                lap("quarantine")
+        finally:
+            routed.unpersist()
         logger.info(
             "batch %d: %s rows; %s",
             batch_id,
@@ -164,9 +154,6 @@ class TableFanout:
             ", ".join(f"{step} {seconds:.2f} s" for step, seconds in timings.items()),
         )
         self.batch_ended(batch_id, ends)
-
-    def _range(self, spark: SparkSession, start: Offset, end: Offset, dest: str) -> DataFrame:
-        return route.read_range(spark, self._journals, start, end, dests=(dest,))
 
     def batch_ended(self, batch_id: int, ends: dict[str, int]) -> None:
         """Batch ``batch_id`` is in every table, with each node's last seq in ``ends``: its
@@ -233,7 +220,7 @@ def _start(
     edge_token: str | None = None,
 ) -> tuple[StreamingQuery, TableFanout]:
     checkpoint = settings.checkpoint_path(JOB)
-    fanout = TableFanout(settings, quota, notices, edge_token)
+    fanout = TableFanout(settings, quota, notices)
     for writer in fanout.writers:
         check_checkpoint(checkpoint, writer)
     query = start_query(

@@ -194,41 +194,42 @@ def test_reader_processes_always_exit_cleanly(
         assert done.returncode == 0, (attempt, done.returncode, done.stderr)
 
 
-def test_records_without_user_properties_reach_every_table_whole(
+def test_spark_batches_of_empty_lists_reach_every_table(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    # user_properties crosses from the routed source to the JVM as JSON text: empty lists
-    # must come back as empty lists (not nulls) in every table, over several read tasks.
-    from ingest.journal import JournalWriter
-    from streaming import pipeline
+    # Empty lists cross to the JVM as JSON text and come back as empty lists (not nulls) in
+    # every table, also from empty partitions.
+    from schemas.journal import JOURNAL_SCHEMA
+    from streaming.pipeline import TableFanout
+    from streaming.route import route_wire
     from streaming.settings import PipelineSettings
 
-    settings = PipelineSettings(
-        data_dir=tmp_path / "data", lake=tmp_path / "lake", max_records_per_batch=4
-    )
-    ts_us = int(dt.datetime(2024, 3, 10, tzinfo=dt.UTC).timestamp() * 1_000_000)
-    for node in ("edge-1", "edge-2"):
-        with JournalWriter.open(settings.journal_root, node, fsync=False) as writer:
-            for i in range(1, 7):
-                writer.append(
-                    ts_us=ts_us + i,
-                    tenant="acme",
-                    client_id="dev",
-                    topic="a/b" if i % 2 else "$log/mqtt/connect",  # not a log event: quarantined
-                    qos=1,
-                    retain=False,
-                    payload=b"x",
-                )
-                writer.flush()  # one frame a record: many small frames per read task
-    for _ in range(2):  # the second run finds nothing new: nothing changes
-        pipeline.run(settings, once=True, spark=spark)
-    back = read_table(settings.table_path("messages"), columns=["node", "seq", "user_properties"])
-    assert sorted(
-        zip(back.column("node").to_pylist(), back.column("seq").to_pylist(), strict=True)
-    ) == [(node, seq) for node in ("edge-1", "edge-2") for seq in (1, 3, 5)]
-    assert back.column("user_properties").to_pylist() == [[]] * 6
+    settings = PipelineSettings(data_dir=tmp_path / "data", lake=tmp_path / "lake")
+    ts = dt.datetime(2024, 3, 10, tzinfo=dt.UTC)
+    rows: list[dict[str, Any]] = [
+        {
+            "node": "edge-1",
+            "seq": i,
+            "ts": ts,
+            "tenant": "acme",
+            "client_id": "dev",
+            "topic": "a/b" if i % 2 else "$log/mqtt/connect",
+            "qos": 1,
+            "retain": False,
+            "payload": b"x",
+            "content_type": None,
+            "user_properties": [],
+        }
+        for i in range(1, 7)
+    ]
+    routed = spark.createDataFrame(route_wire(pa.Table.from_pylist(rows, schema=JOURNAL_SCHEMA)))
+    fanout = TableFanout(settings, None)
+    for _ in range(2):  # the second call is a replay of batch 0: nothing changes
+        fanout(routed.repartition(8), 0)
+    back = read_table(settings.table_path("messages"), columns=["seq", "user_properties"])
+    assert sorted(back.column("seq").to_pylist()) == [1, 3, 5]
+    assert back.column("user_properties").to_pylist() == [[]] * 3
     quarantined = read_table(settings.table_path("quarantine"), columns=["seq", "user_properties"])
-    assert sorted(quarantined.column("seq").to_pylist()) == [2, 2, 4, 4, 6, 6]
-    assert quarantined.column("user_properties").to_pylist() == [[]] * 6
+    assert sorted(quarantined.column("seq").to_pylist()) == [2, 4, 6]  # not log events
     logs = read_table(settings.table_path("logs"), columns=["seq", "payload_valid"])
-    assert sorted(logs.column("seq").to_pylist()) == [2, 2, 4, 4, 6, 6]
+    assert sorted(logs.column("seq").to_pylist()) == [2, 4, 6]
