@@ -10,6 +10,11 @@ first batch's warm-up included) and ``sustained_rows_per_s``, the batches after 
 (rows over their trigger execution time, from Spark's progress reports): the rate of a running
 pipeline working off a backlog. The Delta row count is checked against the journal afterwards.
 
+``--lake s3`` writes the lake into a bucket of an S3-compatible server started for the run
+(moto's, ``bench.s3_server``: a Python process on this machine, so the figure is Delta over S3A
+plus moto's own cost, not AWS's); ``--lake both`` runs the same journals into a local lake and
+then into the bucket, in one session, side by side.
+
 ``driver_peak_rss_mib`` is the peak resident memory of this (the pipeline driver's Python)
 process while the query runs: the kernel's high-water mark (``VmHWM``), reset just before the
 query starts (``/proc/self/clear_refs``), so writing the journals does not count. The JVM is
@@ -19,6 +24,8 @@ another process and is not included.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -28,9 +35,18 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.compare import RESULTS_DIR, machine_info, write_report
+from bench.s3_server import s3_server
+from sinks.storage import LakePath, ObjectPath, open_delta
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from streaming.settings import PipelineSettings
+
+BUCKET = "edgebus-bench"
 
 
 def telematics_payload(rng: random.Random, vehicle: int, i: int) -> bytes:
@@ -75,12 +91,10 @@ def write_journals(root: Path, records: int, nodes: int) -> None:
             writer.flush()
 
 
-def count_rows(table: Path) -> int:
-    from deltalake import DeltaTable, QueryBuilder
+def count_rows(table: LakePath) -> int:
+    from deltalake import QueryBuilder
 
-    result = (
-        QueryBuilder().register("t", DeltaTable(str(table))).execute("select count(*) AS n from t")
-    )
+    result = QueryBuilder().register("t", open_delta(table)).execute("select count(*) AS n from t")
     return int(result.read_all().column("n")[0].as_py())
 
 
@@ -97,17 +111,54 @@ def peak_rss_mib() -> float:
     raise RuntimeError("no VmHWM in /proc/self/status")
 
 
+def timed_run(spark: SparkSession, settings: PipelineSettings, written: int) -> dict[str, Any]:
+    """The journal query over every journal into ``settings.lake``, timed to caught-up."""
+    from streaming import pipeline
+
+    reset_peak_rss()
+    started = time.perf_counter()
+    query = pipeline.start(spark, settings)
+    try:
+        query.processAllAvailable()
+        elapsed = time.perf_counter() - started
+        progress = list(query.recentProgress)
+        peak_rss = peak_rss_mib()
+    finally:
+        query.stop()
+    batches = [p for p in progress if p["numInputRows"] > 0]
+    steady = batches[1:]
+    steady_rows = sum(p["numInputRows"] for p in steady)
+    steady_s = sum(p["durationMs"]["triggerExecution"] for p in steady) / 1000
+    rows = count_rows(settings.table_path("messages"))
+    assert rows == written, f"{rows} rows in messages, {written} journaled"
+    return {
+        "lake": "s3 (moto)" if isinstance(settings.lake, ObjectPath) else "local",
+        "seconds": round(elapsed, 2),
+        "rows_per_s": round(written / elapsed),
+        "batches": [
+            {"rows": p["numInputRows"], "ms": p["durationMs"]["triggerExecution"]} for p in batches
+        ],
+        "sustained_rows_per_s": round(steady_rows / steady_s) if steady_s else None,
+        "driver_peak_rss_mib": peak_rss,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--max-records-per-batch", type=int, default=200_000)
+    parser.add_argument(
+        "--lake",
+        choices=("local", "s3", "both"),
+        default="local",
+        help="a local lake, one in a bucket of a moto server, or both in turn (default local)",
+    )
     parser.add_argument("--workdir", type=Path, help="keep data here (default: a temp dir)")
     args = parser.parse_args(argv)
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from streaming import pipeline
-    from streaming.session import build_spark
+    from streaming.session import build_spark, stop_spark
     from streaming.settings import PipelineSettings
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="edgebus-bench-pipeline-"))
@@ -121,26 +172,19 @@ def main(argv: list[str] | None = None) -> int:
         write_journals(settings.journal_root, args.records, args.nodes)
         written = args.records // args.nodes * args.nodes
         print(f"journal: {written} records in {time.perf_counter() - started:.1f} s", flush=True)
-        spark = build_spark(settings)
-        try:
-            reset_peak_rss()
-            started = time.perf_counter()
-            query = pipeline.start(spark, settings)
+        runs: list[dict[str, Any]] = []
+        with contextlib.ExitStack() as stack:
+            lakes: list[LakePath] = [] if args.lake == "s3" else [work / "lake"]
+            if args.lake != "local":
+                options = stack.enter_context(s3_server(BUCKET))
+                lakes.append(ObjectPath(BUCKET, "lake", options))
+            spark = build_spark(dataclasses.replace(settings, lake=lakes[0]))
             try:
-                query.processAllAvailable()
-                elapsed = time.perf_counter() - started
-                progress = list(query.recentProgress)
-                peak_rss = peak_rss_mib()
+                for lake in lakes:
+                    runs.append(timed_run(spark, dataclasses.replace(settings, lake=lake), written))
+                    print(json.dumps(runs[-1]), flush=True)
             finally:
-                query.stop()
-        finally:
-            spark.stop()
-        batches = [p for p in progress if p["numInputRows"] > 0]
-        steady = batches[1:]
-        steady_rows = sum(p["numInputRows"] for p in steady)
-        steady_s = sum(p["durationMs"]["triggerExecution"] for p in steady) / 1000
-        rows = count_rows(settings.table_path("messages"))
-        assert rows == written, f"{rows} rows in messages, {written} journaled"
+                stop_spark(spark)
         now = datetime.now(UTC)
         result: dict[str, Any] = {
             "benchmark": "pipeline journal->delta",
@@ -148,14 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             "nodes": args.nodes,
             "payload_bytes": 200,
             "max_records_per_batch": args.max_records_per_batch,
-            "seconds": round(elapsed, 2),
-            "rows_per_s": round(written / elapsed),
-            "batches": [
-                {"rows": p["numInputRows"], "ms": p["durationMs"]["triggerExecution"]}
-                for p in batches
-            ],
-            "sustained_rows_per_s": round(steady_rows / steady_s) if steady_s else None,
-            "driver_peak_rss_mib": peak_rss,
+            **(runs[0] if len(runs) == 1 else {"runs": runs}),
             "date": now.isoformat(timespec="seconds"),
             "timestamp_compact": f"{now:%Y%m%dT%H%M%SZ}",
             "machine": machine_info(),

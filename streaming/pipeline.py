@@ -62,7 +62,7 @@ from streaming.maintenance import MaintenanceSchedule, spark_maintainer
 from streaming.quality import QualitySchedule
 from streaming.quota_settings import QuotaSettings
 from streaming.schedule import IntervalSchedule
-from streaming.session import build_spark
+from streaming.session import build_spark, use_lake
 from streaming.settings import PipelineSettings
 from streaming.usage import UsageStep
 
@@ -187,6 +187,7 @@ def start(
 def _start(
     spark: SparkSession, settings: PipelineSettings, quota: QuotaSettings | None
 ) -> tuple[StreamingQuery, TableFanout]:
+    use_lake(spark, settings.lake)  # a caller's own session too
     checkpoint = settings.checkpoint_path(JOB)
     fanout = TableFanout(settings, quota)
     for writer in fanout.writers:
