@@ -9,6 +9,8 @@ object_store gives up, minutes later). ``python -m bench.s3_server`` prints
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -25,10 +27,16 @@ REGION = "us-east-1"
 
 
 @contextmanager
-def s3_server(bucket: str) -> Iterator[StorageOptions]:
-    """Start the server, create ``bucket``; the options that reach it. Stopped on exit."""
+def s3_server(bucket: str, *, authenticated: bool = False) -> Iterator[StorageOptions]:
+    """Start the server, create ``bucket``; the options that reach it. Stopped on exit.
+
+    ``authenticated``: the server checks every request's signature against the keys of its
+    IAM users (moto's ``INITIAL_NO_AUTH_ACTION_COUNT``: the first three requests, which make
+    the user, its key and its policy, go unchecked), so wrong keys get 403 as from S3.
+    """
     import boto3
 
+    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"} if authenticated else None
     server = subprocess.Popen(
         [sys.executable, "-m", "bench.s3_server"],
         cwd=ROOT,
@@ -36,30 +44,50 @@ def s3_server(bucket: str) -> Iterator[StorageOptions]:
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
+        env=env,
     )
     try:
         assert server.stdout is not None
         endpoint = server.stdout.readline().strip()
         if not endpoint.startswith("http://"):
             raise RuntimeError(f"the S3 server did not start (said {endpoint!r})")
+        key_id, secret = ACCESS_KEY_ID, SECRET_ACCESS_KEY
+        if authenticated:
+            key_id, secret = _iam_user(endpoint)
         options = StorageOptions(
-            endpoint_url=endpoint,
-            region=REGION,
-            access_key_id=ACCESS_KEY_ID,
-            secret_access_key=SECRET_ACCESS_KEY,
+            endpoint_url=endpoint, region=REGION, access_key_id=key_id, secret_access_key=secret
         )
         boto3.client(
             "s3",
             endpoint_url=endpoint,
             region_name=REGION,
-            aws_access_key_id=ACCESS_KEY_ID,
-            aws_secret_access_key=SECRET_ACCESS_KEY,
+            aws_access_key_id=key_id,
+            aws_secret_access_key=secret,
         ).create_bucket(Bucket=bucket)
         yield options
     finally:
         assert server.stdin is not None
         server.stdin.close()
         server.wait(timeout=30)
+
+
+def _iam_user(endpoint: str) -> tuple[str, str]:
+    """A user allowed everything on S3, and its access key."""
+    import boto3
+
+    iam = boto3.client(
+        "iam",
+        endpoint_url=endpoint,
+        region_name=REGION,
+        aws_access_key_id=ACCESS_KEY_ID,
+        aws_secret_access_key=SECRET_ACCESS_KEY,
+    )
+    iam.create_user(UserName="lake")
+    key = iam.create_access_key(UserName="lake")["AccessKey"]
+    allow = {"Effect": "Allow", "Action": "s3:*", "Resource": "*"}
+    policy = {"Version": "2012-10-17", "Statement": [allow]}
+    iam.put_user_policy(UserName="lake", PolicyName="s3", PolicyDocument=json.dumps(policy))
+    return key["AccessKeyId"], key["SecretAccessKey"]
 
 
 def main() -> None:

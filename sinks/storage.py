@@ -231,11 +231,19 @@ def is_delta_table(path: LakePath | str) -> bool:
 
 def one_line(exc: BaseException) -> str:
     """An object store's error (object_store's indented chain of causes) on one line."""
-    parts = [_ANSI.sub("", part).strip().lstrip("↳").strip() for part in str(exc).splitlines()]
+    text = str(exc)
+    # The server's XML error body: its code and message say it, the rest is request ids.
+    body = _XML_ERROR.search(text)
+    if body is not None:
+        text = text[: body.start()] + f"{body['code']}: {body['message']}"
+    parts = [_ANSI.sub("", part).strip().lstrip("↳").strip() for part in text.splitlines()]
     return "; ".join(part for part in parts if part)
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_XML_ERROR = re.compile(
+    r"<\?xml.*?<Code>(?P<code>[^<]*)</Code>\s*<Message>(?P<message>[^<]*)</Message>.*", re.DOTALL
+)
 
 
 def check_reachable(lake: LakePath) -> None:

@@ -8,6 +8,7 @@ time. A replayed batch adds nothing; a bucket that is not there is one line and 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -187,3 +188,21 @@ def test_a_bucket_that_is_not_there_is_one_line_and_exit_2(
         assert len(lines) == 1, (args, lines)
         assert "cannot reach the lake s3://no-such-bucket/lake" in lines[0], lines
         assert "404" in lines[0], lines
+
+
+def test_wrong_keys_are_one_line_and_exit_2(tmp_path: Path) -> None:
+    with s3_server("guarded-lake", authenticated=True) as options:
+        right = Bucket(options)
+        done = _edgebus(right, "sql", "SELECT 1", "--lake", "s3://guarded-lake/lake")
+        assert "no tables in s3://guarded-lake/lake yet" in done.stderr  # the keys work
+        wrong = Bucket(dataclasses.replace(options, secret_access_key="not-the-secret"))
+        for args in (
+            ["logs", "--lake", "s3://guarded-lake/lake", "--tenant", "acme"],
+            ["pipeline", "--lake", "s3://guarded-lake/lake", "--data-dir", str(tmp_path)],
+        ):
+            done = _edgebus(wrong, *args)
+            assert done.returncode == 2, (args, done.stderr)
+            lines = [line for line in done.stderr.splitlines() if line.strip()]
+            assert len(lines) == 1, (args, lines)
+            assert "cannot reach the lake s3://guarded-lake/lake" in lines[0], lines
+            assert "403 Forbidden; SignatureDoesNotMatch: The request signature" in lines[0]
