@@ -13,7 +13,8 @@ pipeline working off a backlog. The Delta row count is checked against the journ
 ``--lake s3`` writes the lake into a bucket of an S3-compatible server started for the run
 (moto's, ``bench.s3_server``: a Python process on this machine, so the figure is Delta over S3A
 plus moto's own cost, not AWS's); ``--lake both`` runs the same journals into a local lake and
-then into the bucket, in one session, side by side.
+then into the bucket, in one session, side by side (``--repeat 2``: twice each, alternating, so
+the JVM's warm-up does not favour the second).
 
 ``driver_peak_rss_mib`` is the peak resident memory of this (the pipeline driver's Python)
 process while the query runs: the kernel's high-water mark (``VmHWM``), reset just before the
@@ -154,6 +155,13 @@ def main(argv: list[str] | None = None) -> int:
         default="local",
         help="a local lake, one in a bucket of a moto server, or both in turn (default local)",
     )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run each lake this many times, alternating, each into a new lake (the first "
+        "run of a session also warms the JVM up: compare the later ones)",
+    )
     parser.add_argument("--workdir", type=Path, help="keep data here (default: a temp dir)")
     args = parser.parse_args(argv)
 
@@ -174,11 +182,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"journal: {written} records in {time.perf_counter() - started:.1f} s", flush=True)
         runs: list[dict[str, Any]] = []
         with contextlib.ExitStack() as stack:
-            lakes: list[LakePath] = [] if args.lake == "s3" else [work / "lake"]
-            if args.lake != "local":
-                options = stack.enter_context(s3_server(BUCKET))
-                lakes.append(ObjectPath(BUCKET, "lake", options))
-            spark = build_spark(dataclasses.replace(settings, lake=lakes[0]))
+            lakes: list[LakePath] = []
+            options = stack.enter_context(s3_server(BUCKET)) if args.lake != "local" else None
+            for run in range(args.repeat):
+                if args.lake != "s3":
+                    lakes.append(work / f"lake-{run}")
+                if options is not None:
+                    lakes.append(ObjectPath(BUCKET, f"lake-{run}", options))
+            spark = build_spark(dataclasses.replace(settings, lake=lakes[-1]))
             try:
                 for lake in lakes:
                     runs.append(timed_run(spark, dataclasses.replace(settings, lake=lake), written))

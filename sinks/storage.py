@@ -74,7 +74,10 @@ class StorageOptions:
                 if self.access_key_id
                 else ("secret_access_key", "access_key_id")
             )
-            raise StorageError(f"lake.{given}: given without lake.{missing}")
+            raise StorageError(
+                f"lake.{given} (or {ENVIRONMENT[given]}): given without lake.{missing} "
+                f"(or {ENVIRONMENT[missing]})"
+            )
 
     @classmethod
     def from_settings(

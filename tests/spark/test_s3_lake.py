@@ -25,6 +25,7 @@ from test_lake_upgrade import identities
 from bench.s3_server import s3_server
 from schemas.tables import TABLES
 from sinks.delta import read_table
+from sinks.maintenance import maintain_table
 from sinks.storage import ObjectPath, StorageOptions, open_delta
 from streaming import lake, pipeline
 from streaming.quality import run_quality
@@ -130,6 +131,20 @@ def test_lake_load_reads_the_bucket_with_time_travel(
     assert arrow.num_rows == 0
 
 
+def test_maintenance_in_the_bucket_keeps_the_rows(
+    spark: SparkSession, settings: PipelineSettings
+) -> None:
+    path = settings.table_path("messages")
+    rows = identities(settings, "messages")
+    report = maintain_table(spark, path, vacuum_retention_hours=168)  # over S3A
+    assert report.path == f"s3a://{BUCKET}/lake/messages"
+    assert report.version_after >= report.version_before
+    assert identities(settings, "messages") == rows
+    assert lake.load(spark, settings.lake, "messages", version=report.version_before).count() == (
+        rows.total()
+    )
+
+
 def _edgebus(bucket: Bucket, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "edgebus.cli", *args],
@@ -180,6 +195,7 @@ def test_a_bucket_that_is_not_there_is_one_line_and_exit_2(
         ["sql", "SELECT 1", "--lake", missing],
         ["usage", "--lake", missing, "--tenant", "acme"],
         ["pipeline", "--lake", missing, "--data-dir", str(tmp_path), "--once"],
+        ["maintain", "--lake", missing],
     ):
         done = _edgebus(bucket, *args)
         assert done.returncode == 2, (args, done.stderr)

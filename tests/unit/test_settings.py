@@ -73,7 +73,8 @@ def test_bad_edge_settings_name_the_key(tmp_path: Path, text: str, message: str)
         ),
         (
             "[pipeline]\nlake = 's3://b/lake'\n[lake]\naccess_key_id = 'AKIA'\n",
-            "lake.access_key_id: given without lake.secret_access_key",
+            r"lake.access_key_id \(or AWS_ACCESS_KEY_ID\): given without "
+            r"lake.secret_access_key \(or AWS_SECRET_ACCESS_KEY\)",
         ),
     ],
 )
