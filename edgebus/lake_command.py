@@ -262,7 +262,7 @@ def open_table(lake: LakePath, table: str) -> DeltaTable | None:
             return None
         return open_delta(path)
     except (DeltaError, OSError) as exc:
-        raise CommandError(f"cannot read {path}: {exc}", exit_code=1) from exc
+        raise CommandError(f"cannot read {path}: {one_line(exc)}", exit_code=1) from exc
 
 
 def execute(tables: dict[str, DeltaTable], sql: str) -> RecordBatchReader:
@@ -294,7 +294,7 @@ def query(delta: DeltaTable, name: str, sql: str) -> list[dict[str, Any]]:
     # DataFusion's errors (a data file missing or corrupt, ...) arrive as plain Exception,
     # not DeltaError: every failure of the query is "cannot read", not a traceback.
     except Exception as exc:
-        raise CommandError(f"cannot read {delta.table_uri}: {exc}", exit_code=1) from exc
+        raise CommandError(f"cannot read {delta.table_uri}: {one_line(exc)}", exit_code=1) from exc
     return rows
 
 
