@@ -10,6 +10,12 @@ first batch's warm-up included) and ``sustained_rows_per_s``, the batches after 
 (rows over their trigger execution time, from Spark's progress reports): the rate of a running
 pipeline working off a backlog. The Delta row count is checked against the journal afterwards.
 
+``--lake s3`` writes the lake into a bucket of an S3-compatible server started for the run
+(moto's, ``bench.s3_server``: a Python process on this machine, so the figure is Delta over S3A
+plus moto's own cost, not AWS's); ``--lake both`` runs the same journals into a local lake and
+then into the bucket, in one session, side by side (``--repeat 2``: twice each, alternating, so
+the JVM's warm-up does not favour the second).
+
 ``driver_peak_rss_mib`` is the peak resident memory of this (the pipeline driver's Python)
 process while the query runs: the kernel's high-water mark (``VmHWM``), reset just before the
 query starts (``/proc/self/clear_refs``), so writing the journals does not count. The JVM is
@@ -19,6 +25,8 @@ another process and is not included.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -28,9 +36,18 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.compare import RESULTS_DIR, machine_info, write_report
+from bench.s3_server import s3_server
+from sinks.storage import LakePath, ObjectPath, open_delta
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from streaming.settings import PipelineSettings
+
+BUCKET = "edgebus-bench"
 
 
 def telematics_payload(rng: random.Random, vehicle: int, i: int) -> bytes:
@@ -75,12 +92,10 @@ def write_journals(root: Path, records: int, nodes: int) -> None:
             writer.flush()
 
 
-def count_rows(table: Path) -> int:
-    from deltalake import DeltaTable, QueryBuilder
+def count_rows(table: LakePath) -> int:
+    from deltalake import QueryBuilder
 
-    result = (
-        QueryBuilder().register("t", DeltaTable(str(table))).execute("select count(*) AS n from t")
-    )
+    result = QueryBuilder().register("t", open_delta(table)).execute("select count(*) AS n from t")
     return int(result.read_all().column("n")[0].as_py())
 
 
@@ -97,9 +112,8 @@ def peak_rss_mib() -> float:
     raise RuntimeError("no VmHWM in /proc/self/status")
 
 
-def timed_run(spark: Any, settings: Any, written: int) -> dict[str, Any]:
-    """Start the journal query, time it to caught-up, check ``messages`` has ``written`` rows;
-    the figures (see the module docstring)."""
+def timed_run(spark: SparkSession, settings: PipelineSettings, written: int) -> dict[str, Any]:
+    """The journal query over every journal into ``settings.lake``, timed to caught-up."""
     from streaming import pipeline
 
     reset_peak_rss()
@@ -119,6 +133,7 @@ def timed_run(spark: Any, settings: Any, written: int) -> dict[str, Any]:
     rows = count_rows(settings.table_path("messages"))
     assert rows == written, f"{rows} rows in messages, {written} journaled"
     return {
+        "lake": "s3 (moto)" if isinstance(settings.lake, ObjectPath) else "local",
         "seconds": round(elapsed, 2),
         "rows_per_s": round(written / elapsed),
         "batches": [
@@ -146,11 +161,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--max-records-per-batch", type=int, default=200_000)
+    parser.add_argument(
+        "--lake",
+        choices=("local", "s3", "both"),
+        default="local",
+        help="a local lake, one in a bucket of a moto server, or both in turn (default local)",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run each lake this many times, alternating, each into a new lake (the first "
+        "run of a session also warms the JVM up: compare the later ones)",
+    )
     parser.add_argument("--workdir", type=Path, help="keep data here (default: a temp dir)")
     args = parser.parse_args(argv)
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from streaming.session import build_spark
+    from streaming.session import build_spark, stop_spark
     from streaming.settings import PipelineSettings
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="edgebus-bench-pipeline-"))
@@ -164,18 +192,33 @@ def main(argv: list[str] | None = None) -> int:
         write_journals(settings.journal_root, args.records, args.nodes)
         written = args.records // args.nodes * args.nodes
         print(f"journal: {written} records in {time.perf_counter() - started:.1f} s", flush=True)
-        spark = build_spark(settings)
-        try:
-            run = timed_run(spark, settings, written)
-        finally:
-            spark.stop()
+        runs: list[dict[str, Any]] = []
+        with contextlib.ExitStack() as stack:
+            lakes: list[LakePath] = []
+            options = stack.enter_context(s3_server(BUCKET)) if args.lake != "local" else None
+            for run in range(args.repeat):
+                if args.lake != "s3":
+                    lakes.append(work / f"lake-{run}")
+                if options is not None:
+                    lakes.append(ObjectPath(BUCKET, f"lake-{run}", options))
+            spark = build_spark(dataclasses.replace(settings, lake=lakes[-1]))
+            try:
+                for lake in lakes:
+                    runs.append(timed_run(spark, dataclasses.replace(settings, lake=lake), written))
+                    print(json.dumps(runs[-1]), flush=True)
+            finally:
+                stop_spark(spark)
+        now = datetime.now(UTC)
         result: dict[str, Any] = {
             "benchmark": "pipeline journal->delta",
             "records": written,
             "nodes": args.nodes,
             "payload_bytes": 200,
             "max_records_per_batch": args.max_records_per_batch,
-            **run,
+            **(runs[0] if len(runs) == 1 else {"runs": runs}),
+            "date": now.isoformat(timespec="seconds"),
+            "timestamp_compact": f"{now:%Y%m%dT%H%M%SZ}",
+            "machine": machine_info(),
         }
         report(result, "pipeline")
     finally:

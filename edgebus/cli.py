@@ -106,7 +106,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def _pipeline_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", type=Path, help="data dir holding journal/{node}/")
-    parser.add_argument("--lake", type=Path, help="directory of the Delta tables")
+    parser.add_argument(
+        "--lake", help="directory of the Delta tables, or s3://bucket/prefix (see [lake] settings)"
+    )
     parser.add_argument("--config", type=Path, help="TOML settings file with a [pipeline] table")
     parser.add_argument("--master", help="Spark master (default local[*])")
 
@@ -275,6 +277,8 @@ def _pipeline(args: argparse.Namespace) -> int:
     except PipelineConfigError as exc:
         print(f"edgebus: {exc}", file=sys.stderr)
         return 2
+    if not _reachable(settings):
+        return 2
     if stop.is_set():
         return 0  # stopped before Spark started
     pipeline.run(
@@ -285,8 +289,10 @@ def _pipeline(args: argparse.Namespace) -> int:
 
 def _maintain(args: argparse.Namespace) -> int:
     settings = load_pipeline(args.config, _pipeline_overrides(args))
-    if not settings.lake.is_dir():
+    if isinstance(settings.lake, Path) and not settings.lake.is_dir():
         print(f"edgebus: {settings.lake}: no such lake", file=sys.stderr)
+        return 2
+    if not _reachable(settings):
         return 2
     from sinks.maintenance import describe
     from streaming.maintenance import MaintenanceSchedule, spark_maintainer
@@ -305,6 +311,19 @@ def _maintain(args: argparse.Namespace) -> int:
     for report in reports:
         print(describe(report))
     return 0
+
+
+def _reachable(settings: Any) -> bool:
+    """Whether the lake's bucket answers (always, for a local lake); says why not on one line,
+    before Spark starts (S3A would retry for minutes, then fail with a JVM stack trace)."""
+    from sinks.storage import StorageError, check_reachable
+
+    try:
+        check_reachable(settings.lake)
+    except StorageError as exc:
+        print(f"edgebus: {exc}", file=sys.stderr)
+        return False
+    return True
 
 
 def _reread_tenants(path: Path | None) -> None:

@@ -23,6 +23,16 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from sinks.storage import (
+    LakePath,
+    ObjectPath,
+    StorageError,
+    is_delta_table,
+    lake_path,
+    one_line,
+    open_delta,
+)
+
 if TYPE_CHECKING:
     from arro3.core import RecordBatch, RecordBatchReader
     from deltalake import DeltaTable
@@ -54,16 +64,28 @@ class CommandError(Exception):
 
 
 def add_lake_arguments(parser: argparse.ArgumentParser, tenant_help: str | None) -> None:
-    """``--lake DIR`` (default ./lake) and, with ``tenant_help``, ``--tenant T`` (required)."""
+    """``--lake DIR|s3://bucket/prefix`` (default ./lake) and, with ``tenant_help``,
+    ``--tenant T`` (required)."""
     parser.add_argument(
         "--lake",
-        type=Path,
+        type=lake_arg,
         default=Path("lake"),
         metavar="DIR",
-        help="directory of the Delta tables (default ./lake)",
+        help="directory of the Delta tables, or s3://bucket/prefix (reached as the AWS_* "
+        "environment variables say: AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID, ...; "
+        "default ./lake)",
     )
     if tenant_help is not None:
         parser.add_argument("--tenant", required=True, metavar="T", help=tenant_help)
+
+
+def lake_arg(text: str) -> LakePath:
+    """An argument type: a lake directory, or ``s3://bucket/prefix`` with the environment's
+    storage options."""
+    try:
+        return lake_path(text)
+    except StorageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def positive_int(text: str) -> int:
@@ -184,13 +206,27 @@ def is_table(path: Path) -> bool:
     return (path / "_delta_log").is_dir()
 
 
-def lake_tables(lake: Path) -> list[str]:
+def bucket_tables(lake: ObjectPath) -> list[str]:
+    """The edgebus tables a lake in a bucket holds, sorted; exit 2 when the bucket does not
+    answer. A bucket has no directories to list: each table the pipeline writes is looked for
+    (one listing of its ``_delta_log`` each)."""
+    from schemas.tables import TABLES
+
+    try:
+        return [name for name in sorted(TABLES) if is_delta_table(lake / name)]
+    except OSError as exc:
+        raise CommandError(f"cannot reach the lake {lake}: {one_line(exc)}", exit_code=2) from exc
+
+
+def lake_tables(lake: LakePath) -> list[str]:
     """The names of the Delta tables in ``lake``, sorted; exit 2 when it is no lake.
 
     No lake: a directory that is not there (a mistyped ``--lake``), a table's own directory
     (``--lake lake/logs``), or one that holds other things but no table. An empty directory is
-    a lake the pipeline has not written to yet.
+    a lake the pipeline has not written to yet. In a bucket: see :func:`bucket_tables`.
     """
+    if isinstance(lake, ObjectPath):
+        return bucket_tables(lake)
     if not lake.is_dir():
         raise CommandError(f"no lake at {lake}: give --lake DIR (the pipeline's)", exit_code=2)
     if is_table(lake):
@@ -212,22 +248,21 @@ def lake_tables(lake: Path) -> list[str]:
     return tables
 
 
-def open_table(lake: Path, table: str) -> DeltaTable | None:
+def open_table(lake: LakePath, table: str) -> DeltaTable | None:
     """``table`` of ``lake``; None when the pipeline has not created it yet.
 
     A directory that is no lake is an error (exit 2, see :func:`lake_tables`).
     """
-    from deltalake import DeltaTable
     from deltalake.exceptions import DeltaError
 
-    lake_tables(lake)
+    tables = lake_tables(lake)
     path = lake / table
     try:
-        if not DeltaTable.is_deltatable(str(path)):
+        if table not in tables or not is_delta_table(path):
             return None
-        return DeltaTable(str(path))
+        return open_delta(path)
     except (DeltaError, OSError) as exc:
-        raise CommandError(f"cannot read {path}: {exc}", exit_code=1) from exc
+        raise CommandError(f"cannot read {path}: {one_line(exc)}", exit_code=1) from exc
 
 
 def execute(tables: dict[str, DeltaTable], sql: str) -> RecordBatchReader:
@@ -259,7 +294,7 @@ def query(delta: DeltaTable, name: str, sql: str) -> list[dict[str, Any]]:
     # DataFusion's errors (a data file missing or corrupt, ...) arrive as plain Exception,
     # not DeltaError: every failure of the query is "cannot read", not a traceback.
     except Exception as exc:
-        raise CommandError(f"cannot read {delta.table_uri}: {exc}", exit_code=1) from exc
+        raise CommandError(f"cannot read {delta.table_uri}: {one_line(exc)}", exit_code=1) from exc
     return rows
 
 

@@ -18,7 +18,6 @@ import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from edgebus import lake_command, log_query
@@ -39,6 +38,7 @@ from edgebus.log_query import (
     DetailMatch,
     LogQuery,
 )
+from sinks.storage import LakePath
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -223,7 +223,7 @@ def _columns(fields: tuple[str, ...] | None) -> tuple[str, ...]:
     return tuple(name for name in COLUMNS if name in wanted)
 
 
-def query_rows(lake: Path, query: LogQuery) -> list[dict[str, Any]]:
+def query_rows(lake: LakePath, query: LogQuery) -> list[dict[str, Any]]:
     """The rows of ``query`` in its order, or :class:`CommandError`."""
     delta = open_logs(lake)
     rows = log_query.fetch(delta, query)
@@ -232,7 +232,7 @@ def query_rows(lake: Path, query: LogQuery) -> list[dict[str, Any]]:
     return rows
 
 
-def open_logs(lake: Path) -> DeltaTable:
+def open_logs(lake: LakePath) -> DeltaTable:
     """The ``logs`` table, or exit 0 saying the pipeline has not created it yet."""
     delta = open_table(lake, TABLE)
     if delta is None:
@@ -282,7 +282,7 @@ def run(args: argparse.Namespace, *, now: datetime | None = None) -> int:
     return 0
 
 
-def _count(lake: Path, query: LogQuery, fmt: str) -> int:
+def _count(lake: LakePath, query: LogQuery, fmt: str) -> int:
     delta = open_logs(lake)
     totals = log_query.count(delta, query)
     if not totals:

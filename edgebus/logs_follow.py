@@ -22,13 +22,13 @@ import sys
 import threading
 from dataclasses import replace
 from datetime import date
-from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from edgebus import lake_command, log_query
 from edgebus.lake_command import CommandError, sql_date, sql_string
 from edgebus.log_query import QUERY_TABLE, Cursor, LogQuery
+from sinks.storage import LakePath
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -132,7 +132,7 @@ def history(delta: DeltaTable, query: LogQuery) -> list[dict[str, Any]]:
         page = replace(page, after=Cursor.of(found[-1]))
 
 
-def follow(lake: Path, query: LogQuery, output: Output) -> int:
+def follow(lake: LakePath, query: LogQuery, output: Output) -> int:
     """Show the history, then new rows until SIGINT/SIGTERM (exit 0)."""
     stop = threading.Event()
 
@@ -147,7 +147,7 @@ def follow(lake: Path, query: LogQuery, output: Output) -> int:
             signal.signal(sig, handler)
 
 
-def _follow(lake: Path, query: LogQuery, output: Output, stop: threading.Event) -> int:
+def _follow(lake: LakePath, query: LogQuery, output: Output, stop: threading.Event) -> int:
     follower: Follower | None = None
     delta = lake_command.open_table(lake, TABLE)  # exit 2 when the directory is no lake
     if delta is not None:

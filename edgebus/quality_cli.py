@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
 from itertools import groupby
-from pathlib import Path
 from typing import Any, TextIO
 
 from edgebus import lake_command
 from edgebus.lake_command import CommandError, iso, open_table, sql_string
+from sinks.storage import LakePath
 
 # Mirrors schemas.quality (kept literal so building the parser imports no pyarrow); a unit
 # test holds them equal.
@@ -122,7 +122,7 @@ class QualityQuery:
 
 
 def query_rows(
-    lake: Path, runs: int, table: str | None, failed: bool
+    lake: LakePath, runs: int, table: str | None, failed: bool
 ) -> tuple[QualityQuery, list[dict[str, Any]]]:
     """The query for the latest ``runs`` runs and its rows, newest first, or
     :class:`CommandError`."""

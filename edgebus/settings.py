@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from broker_edge.errors import ConfigError
 from broker_edge.settings import EdgeSettings
+from sinks.storage import StorageError, StorageOptions, lake_path
 from streaming.errors import PipelineConfigError
 from streaming.settings import PipelineSettings
 
@@ -25,7 +26,12 @@ class SettingsError(Exception):
     """A settings file or flag is unreadable, unknown or has a bad value."""
 
 
-SECTIONS: dict[str, type[Any]] = {"edge": EdgeSettings, "pipeline": PipelineSettings}
+SECTIONS: dict[str, type[Any]] = {
+    "edge": EdgeSettings,
+    "pipeline": PipelineSettings,
+    # How to reach a lake in a bucket (endpoint, region, keys); the environment fills the rest.
+    "lake": StorageOptions,
+}
 
 T = TypeVar("T")
 
@@ -64,7 +70,7 @@ def build(cls: type[T], section: str, values: Mapping[str, Any], overrides: Mapp
     kwargs = {key: _coerce(f"{section}.{key}", hints[key], value) for key, value in merged.items()}
     try:
         return cls(**kwargs)
-    except (ConfigError, PipelineConfigError) as exc:
+    except (ConfigError, PipelineConfigError, StorageError) as exc:
         raise SettingsError(str(exc)) from exc
 
 
@@ -113,4 +119,35 @@ def load_edge(
 
 def load_pipeline(config: Path | None, overrides: Mapping[str, Any]) -> PipelineSettings:
     data = read_file(config) if config is not None else {}
-    return build(PipelineSettings, "pipeline", data.get("pipeline", {}), overrides)
+    table = data.get("pipeline", {})
+    if not isinstance(table, Mapping):
+        raise SettingsError("pipeline: must be a table")
+    storage = _storage_table(data)  # checked whether or not the lake is in a bucket
+    given = overrides.get("lake") or table.get("lake")
+    if given is None:
+        return build(PipelineSettings, "pipeline", table, overrides)
+    if not isinstance(given, str | Path) or not str(given):
+        raise SettingsError(
+            "pipeline.lake: must be a non-empty path (a directory) or s3://bucket/prefix, "
+            f"got {given!r}"
+        )
+    try:
+        lake = lake_path(given, StorageOptions.from_settings(storage))
+    except StorageError as exc:
+        raise SettingsError(str(exc)) from exc
+    return build(PipelineSettings, "pipeline", table, {**overrides, "lake": lake})
+
+
+def _storage_table(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys a settings file's ``[lake]`` table gives, checked (the standard AWS environment
+    variables fill in the others: :meth:`StorageOptions.from_settings`)."""
+    table = data.get("lake", {})
+    if not isinstance(table, Mapping):
+        raise SettingsError("lake: must be a table")
+    hints = typing.get_type_hints(StorageOptions)
+    given: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in hints:
+            raise SettingsError(f"lake.{key}: unknown key (known: {', '.join(sorted(hints))})")
+        given[key] = _coerce(f"lake.{key}", hints[key], value)
+    return given

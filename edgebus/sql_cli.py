@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from edgebus import lake_command
 from edgebus.lake_command import CommandError, TimeArg, iso, resolve_time
+from sinks.storage import LakePath, open_delta
 
 if TYPE_CHECKING:
     from arro3.core import RecordBatchReader
@@ -107,13 +107,11 @@ class Snapshot:
     version: int | None = None
     at: datetime | None = None
 
-    def open(self, path: Path) -> DeltaTable | None:
+    def open(self, path: LakePath) -> DeltaTable | None:
         """The table at ``path`` as of this snapshot; None when it did not exist yet then."""
-        from deltalake import DeltaTable
-
         if self.version is not None:
-            return DeltaTable(str(path), version=self.version)
-        delta = DeltaTable(str(path))
+            return open_delta(path, version=self.version)
+        delta = open_delta(path)
         if self.at is not None:
             delta.load_as_version(self.at)
             # delta-rs gives version 0 for a time before the table existed.
@@ -137,7 +135,7 @@ class Opened:
     names: list[str]  # every table of the lake
 
 
-def open_tables(lake: Path, sql: str, snapshot: Snapshot) -> Opened:
+def open_tables(lake: LakePath, sql: str, snapshot: Snapshot) -> Opened:
     """The tables ``sql`` names, as of ``snapshot``."""
     from deltalake.exceptions import DeltaError
 
@@ -201,14 +199,13 @@ def run(args: argparse.Namespace, *, now: datetime | None = None) -> int:
     return 0
 
 
-def _why_not(path: Path, snapshot: Snapshot, exc: Exception) -> str:
+def _why_not(path: LakePath, snapshot: Snapshot, exc: Exception) -> str:
     """Why the table at ``path`` cannot be read as of ``snapshot``."""
-    from deltalake import DeltaTable
     from deltalake.exceptions import DeltaError
 
     if snapshot.version is not None:
         try:
-            latest = DeltaTable(str(path)).version()
+            latest = open_delta(path).version()
         except (DeltaError, OSError):
             pass
         else:

@@ -23,11 +23,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from functools import partial
-from pathlib import Path
 from typing import Any, TextIO
 
 from edgebus import lake_command
 from edgebus.lake_command import CommandError, iso, open_table, sql_date, sql_string
+from sinks.storage import LakePath
 
 TABLE = "usage"
 QUOTA_TABLE = "quota_events"
@@ -124,7 +124,7 @@ class TenantUsage:
     notes: list[str] = field(default_factory=list)
 
 
-def read_usage(lake: Path, query: UsageQuery) -> TenantUsage:
+def read_usage(lake: LakePath, query: UsageQuery) -> TenantUsage:
     """The tenant's counters and quota state, or :class:`CommandError`; ``notes`` say what is
     missing (no table yet, nothing for this tenant)."""
     from streaming.quota import QUOTA_METRICS, load_recorded

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -26,6 +25,7 @@ from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import DeltaError
 
 from sinks.errors import DeltaSinkError, SinkSchemaError
+from sinks.storage import LakePath, is_delta_table, one_line, open_delta, spark_uri
 
 if TYPE_CHECKING:  # the light readers import this module and must not pay for pyspark
     from pyspark.sql import DataFrame, SparkSession
@@ -47,7 +47,7 @@ class DeltaTableWriter:
 
     def __init__(
         self,
-        path: Path | str,
+        path: LakePath | str,
         app_id: str,
         schema: pa.Schema,
         partition_by: Sequence[str] = (),
@@ -58,7 +58,9 @@ class DeltaTableWriter:
         unknown = [name for name in partition_by if name not in schema.names]
         if unknown:
             raise SinkSchemaError(f"partition columns not in the schema: {unknown}")
-        self._path = str(path)
+        # Spark's name for the table (s3a:// in a bucket); delta-rs reads it at ``_location``.
+        self._path = spark_uri(path)
+        self._location = path
         self._app_id = app_id
         self._schema = schema
         self._partition_by = list(partition_by)
@@ -73,6 +75,11 @@ class DeltaTableWriter:
         return self._path
 
     @property
+    def location(self) -> LakePath | str:
+        """The table as delta-rs reads it (with a bucket's storage options)."""
+        return self._location
+
+    @property
     def app_id(self) -> str:
         return self._app_id
 
@@ -81,10 +88,10 @@ class DeltaTableWriter:
 
         A light read of the Delta log (delta-rs), no Spark job.
         """
-        if not _is_table(self._path):
+        if not _is_table(self._location):
             return None
         try:
-            version: int | None = DeltaTable(self._path).transaction_version(self._app_id)
+            version: int | None = open_delta(self._location).transaction_version(self._app_id)
         except (DeltaError, OSError) as exc:
             raise DeltaSinkError(f"{self._path}: cannot read the transaction log") from exc
         return version
@@ -98,8 +105,8 @@ class DeltaTableWriter:
             return
         from delta.tables import DeltaTable as SparkDeltaTable
 
-        if _is_table(self._path):
-            have = DeltaTable(self._path).metadata().configuration
+        if _is_table(self._location):
+            have = open_delta(self._location).metadata().configuration
             missing = {k: v for k, v in self._properties.items() if have.get(k) != v}
             if missing:
                 settings = ", ".join(f"'{k}' = '{v}'" for k, v in missing.items())
@@ -296,7 +303,7 @@ def _has_empty_buffer(array: pa.Array) -> bool:
 
 
 def read_table(
-    path: Path | str,
+    path: LakePath | str,
     sql_where: str | None = None,
     columns: Sequence[str] | None = None,
     *,
@@ -311,10 +318,10 @@ def read_table(
     (which ones is up to the engine).
     """
     target = str(path)
-    if not _is_table(target):
+    if not _is_table(path):
         raise DeltaSinkError(f"{target}: not a Delta table")
     try:
-        delta = DeltaTable(target)
+        delta = open_delta(path)
         table_schema = pa.schema(delta.schema().to_arrow())
         names = list(columns) if columns is not None else table_schema.names
         unknown = [name for name in names if name not in table_schema.names]
@@ -345,12 +352,11 @@ def run_sql(delta: DeltaTable, name: str, sql: str) -> pa.Table:
     return pa.RecordBatchReader.from_stream(reader).read_all()
 
 
-def _is_table(path: str) -> bool:
+def _is_table(path: LakePath | str) -> bool:
     try:
-        found: bool = DeltaTable.is_deltatable(path)
-    except OSError as exc:  # e.g. a plain file where the table directory should be
-        raise DeltaSinkError(f"{path}: cannot be a Delta table: {exc}") from exc
-    return found
+        return is_delta_table(path)
+    except OSError as exc:  # a plain file where the table directory should be; no bucket
+        raise DeltaSinkError(f"{path}: cannot be a Delta table: {one_line(exc)}") from exc
 
 
 def _quote(identifier: str) -> str:

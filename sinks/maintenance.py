@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from deltalake import DeltaTable
 
 from sinks.errors import DeltaSinkError
+from sinks.storage import LakePath, ObjectPath, open_delta, spark_uri
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -64,7 +64,7 @@ class MaintenanceReport:
 
 
 def maintain_table(
-    spark: SparkSession, path: Path | str, *, vacuum_retention_hours: float
+    spark: SparkSession, path: LakePath | str, *, vacuum_retention_hours: float
 ) -> MaintenanceReport:
     """Repair, compact and vacuum the Delta table at ``path`` (see the module's text).
 
@@ -76,11 +76,11 @@ def maintain_table(
 
     if vacuum_retention_hours < 0:
         raise ValueError(f"vacuum_retention_hours must be >= 0, got {vacuum_retention_hours}")
-    target = str(path)
+    target = spark_uri(path)
     try:
         table = SparkDeltaTable.forPath(spark, target)
         before = _version(table)
-        repaired = repair_physical_types(spark, target)
+        repaired = repair_physical_types(spark, path)
         metrics = table.optimize().executeCompaction().select("metrics").first()
         compacted = metrics["metrics"] if metrics is not None else None
         table.vacuum(vacuum_retention_hours)
@@ -103,10 +103,15 @@ def maintain_table(
     )
 
 
-def view_typed_files(path: Path | str) -> dict[str, Partition]:
+def view_typed_files(path: LakePath | str) -> dict[str, Partition]:
     """The data files of the table's current snapshot whose Parquet holds an Arrow schema with
-    view types, with their partition values. Reads the files' footers only (delta-rs lists them)."""
-    delta = DeltaTable(str(path))
+    view types, with their partition values. Reads the files' footers only (delta-rs lists them).
+
+    Only a local lake can hold them: the delta-rs pipeline that wrote view types (before issue
+    18) wrote local lakes only, so a lake in a bucket has none to look for."""
+    if isinstance(path, ObjectPath):
+        return {}
+    delta = open_delta(path)
     columns = delta.metadata().partition_columns
     actions = pa.table(delta.get_add_actions(flatten=True))
     found: dict[str, Partition] = {}
@@ -120,13 +125,13 @@ def view_typed_files(path: Path | str) -> dict[str, Partition]:
     return found
 
 
-def repair_physical_types(spark: SparkSession, path: Path | str) -> int:
+def repair_physical_types(spark: SparkSession, path: LakePath | str) -> int:
     """Rewrite every partition holding a view-typed file (:func:`view_typed_files`) with
     Spark's Delta; the number of partitions rewritten. Rows and versions' data are unchanged
     (``dataChange = false``); the old files go at the next vacuum."""
-    target = str(path)
+    target = spark_uri(path)
     partitions = {
-        tuple(sorted(values.items())): values for values in view_typed_files(target).values()
+        tuple(sorted(values.items())): values for values in view_typed_files(path).values()
     }
     for values in partitions.values():
         where = " AND ".join(f"`{name}` = {_literal(value)}" for name, value in values.items())

@@ -7,7 +7,6 @@ like every table (app id ``edgebus.quarantine``).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TypeAlias
 
 import pyarrow as pa
@@ -15,6 +14,7 @@ import pyarrow.compute as pc
 
 from schemas.tables import NO_TENANT, QUARANTINE_PARTITION_BY, QUARANTINE_SCHEMA, utc_date
 from sinks.delta import DeltaTableWriter
+from sinks.storage import LakePath
 
 TABLE = "quarantine"
 APP_ID = "edgebus.quarantine"
@@ -22,7 +22,7 @@ APP_ID = "edgebus.quarantine"
 Strings: TypeAlias = pa.Array | pa.ChunkedArray | str
 
 
-def quarantine_writer(path: Path | str) -> DeltaTableWriter:
+def quarantine_writer(path: LakePath | str) -> DeltaTableWriter:
     return DeltaTableWriter(path, APP_ID, QUARANTINE_SCHEMA, QUARANTINE_PARTITION_BY)
 
 

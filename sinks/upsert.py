@@ -8,30 +8,28 @@ never ``DeltaTable.to_pyarrow_*`` (see :mod:`sinks.delta`).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pyarrow as pa
-from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
 from sinks.delta import run_sql
 from sinks.errors import DeltaSinkError
+from sinks.storage import LakePath, is_delta_table, one_line, open_delta
 
 TABLE_NAME = "t"
 """The name the table has in :func:`query_table`'s SQL: ``SELECT ... FROM t``."""
 
 
-def query_table(path: Path | str, sql: str) -> pa.Table:
+def query_table(path: LakePath | str, sql: str) -> pa.Table:
     """The result of ``sql`` over the Delta table at ``path``, which it names ``t``.
 
     The caller builds ``sql``; quote literals with :func:`sql_string`. A missing table is an
     error: callers that may run first check :func:`table_exists`.
     """
     target = str(path)
-    if not table_exists(target):
+    if not table_exists(path):
         raise DeltaSinkError(f"{target}: not a Delta table")
     try:
-        table = run_sql(DeltaTable(target), TABLE_NAME, sql)
+        table = run_sql(open_delta(path), TABLE_NAME, sql)
     except (DeltaError, OSError) as exc:
         raise DeltaSinkError(f"{target}: query failed: {exc}") from exc
     # DataFusion answers with view types (string_view, binary_view); plain types are simpler.
@@ -39,12 +37,11 @@ def query_table(path: Path | str, sql: str) -> pa.Table:
     return table.cast(pa.schema(fields))
 
 
-def table_exists(path: Path | str) -> bool:
+def table_exists(path: LakePath | str) -> bool:
     try:
-        found: bool = DeltaTable.is_deltatable(str(path))
+        return is_delta_table(path)
     except OSError as exc:
-        raise DeltaSinkError(f"{path}: cannot be a Delta table: {exc}") from exc
-    return found
+        raise DeltaSinkError(f"{path}: cannot be a Delta table: {one_line(exc)}") from exc
 
 
 def sql_string(value: str) -> str:

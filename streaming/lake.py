@@ -13,6 +13,7 @@ Two ways, one meaning:
 
     from streaming import lake
     logs = lake.load(spark, "lake", "logs", where="tenant = 'acme'")
+    in_a_bucket = lake.load(spark, "s3://bucket/lake", "logs")  # AWS_* environment variables
     before = lake.load(spark, "lake", "messages", version=3)
     yesterday = lake.load_arrow("lake", "logs", timestamp=datetime(2024, 3, 9, tzinfo=UTC))
 """
@@ -20,7 +21,6 @@ Two ways, one meaning:
 from __future__ import annotations
 
 from datetime import datetime
-from pathlib import Path
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -30,7 +30,17 @@ from pyspark.sql import DataFrame, SparkSession
 from schemas.tables import TABLES, TableSpec
 from sinks.delta import conform, run_sql
 from sinks.errors import SinkSchemaError
+from sinks.storage import (
+    LakePath,
+    StorageError,
+    is_delta_table,
+    lake_path,
+    one_line,
+    open_delta,
+    spark_uri,
+)
 from streaming.errors import PipelineError
+from streaming.session import use_lake
 
 # The name a table is registered under for one query; never visible to callers.
 _QUERY_TABLE = "lake_table"
@@ -49,7 +59,7 @@ def table_spec(table: str) -> TableSpec:
 
 
 def open_table(
-    lake: Path | str,
+    lake: LakePath | str,
     table: str,
     *,
     version: int | None = None,
@@ -58,11 +68,13 @@ def open_table(
     """``table`` under ``lake`` at ``version``, or as it was at ``timestamp``, or now.
 
     ``timestamp`` must be time-zone aware; it selects the last version committed at or before
-    it. A time before the table was created is an error, not an empty table.
+    it. A time before the table was created is an error, not an empty table. ``lake`` may be
+    ``s3://bucket/prefix`` (reached as the ``AWS_*`` environment variables say, or pass an
+    :class:`sinks.storage.ObjectPath` with its own options).
     """
     path = _table_path(lake, table, version, timestamp)
     try:
-        delta = DeltaTable(path, version=version)
+        delta = open_delta(path, version=version)
         if timestamp is not None:
             delta.load_as_version(timestamp)
             _check_existed(delta, timestamp)
@@ -73,16 +85,22 @@ def open_table(
 
 
 def _table_path(
-    lake: Path | str, table: str, version: int | None, timestamp: datetime | None
-) -> str:
+    lake: LakePath | str, table: str, version: int | None, timestamp: datetime | None
+) -> LakePath:
     """The path of ``table`` under ``lake`` once the arguments are checked and it is a table."""
     table_spec(table)
     if version is not None and timestamp is not None:
         raise ValueError("give version or timestamp, not both")
     if timestamp is not None and timestamp.utcoffset() is None:
         raise ValueError(f"timestamp must be time-zone aware, got {timestamp.isoformat()}")
-    path = str(Path(lake) / table)
-    if not DeltaTable.is_deltatable(path):
+    try:
+        path = (lake if isinstance(lake, LakePath) else lake_path(lake)) / table
+        found = is_delta_table(path)
+    except StorageError as exc:
+        raise LakeError(str(exc)) from exc
+    except OSError as exc:  # no bucket, no access
+        raise LakeError(f"{lake}: cannot read the lake: {one_line(exc)}") from exc
+    if not found:
         raise LakeError(f"{path}: no {table} table (has the pipeline written it yet?)")
     return path
 
@@ -101,7 +119,7 @@ def _check_existed(delta: DeltaTable, timestamp: datetime) -> None:
 
 
 def load_arrow(
-    lake: Path | str,
+    lake: LakePath | str,
     table: str,
     *,
     version: int | None = None,
@@ -126,7 +144,7 @@ def load_arrow(
 
 def load(
     spark: SparkSession,
-    lake: Path | str,
+    lake: LakePath | str,
     table: str,
     *,
     version: int | None = None,
@@ -138,14 +156,15 @@ def load(
     distributed, never collected."""
     path = _table_path(lake, table, version, timestamp)
     if timestamp is not None:
-        _check_existed(DeltaTable(path), timestamp)
+        _check_existed(open_delta(path), timestamp)
+    use_lake(spark, path)
     reader = spark.read.format("delta")
     if version is not None:
         reader = reader.option("versionAsOf", version)
     if timestamp is not None:
         reader = reader.option("timestampAsOf", timestamp.isoformat())
     try:
-        rows = reader.load(path)
+        rows = reader.load(spark_uri(path))
     except Exception as exc:  # py4j wraps Delta's errors; the message says which
         raise LakeError(f"{path}: cannot load the table: {exc}") from exc
     return rows.where(where) if where else rows

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from schemas.tables import TABLES
 from sinks.maintenance import MaintenanceReport, describe, maintain_table
+from sinks.storage import LakePath
 from sinks.upsert import table_exists
 from streaming.schedule import IntervalSchedule
 from streaming.settings import PipelineSettings
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # What maintains one table: its path and the vacuum retention in hours (tests inject a fake).
-Maintainer = Callable[[Path, float], MaintenanceReport]
+Maintainer = Callable[[LakePath, float], MaintenanceReport]
 
 
 def spark_maintainer(spark: SparkSession) -> Maintainer:
@@ -35,7 +35,7 @@ def spark_maintainer(spark: SparkSession) -> Maintainer:
     its SQL settings never mix with the stream's."""
     session = spark.newSession()
 
-    def maintain(path: Path, retention_hours: float) -> MaintenanceReport:
+    def maintain(path: LakePath, retention_hours: float) -> MaintenanceReport:
         return maintain_table(session, path, vacuum_retention_hours=retention_hours)
 
     return maintain

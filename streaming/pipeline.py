@@ -64,7 +64,7 @@ from streaming.maintenance import MaintenanceSchedule, spark_maintainer
 from streaming.quality import QualitySchedule
 from streaming.quota_settings import NoticeSettings, QuotaSettings
 from streaming.schedule import IntervalSchedule
-from streaming.session import build_spark
+from streaming.session import build_spark, use_lake
 from streaming.settings import PipelineSettings
 from streaming.usage import UsageStep
 
@@ -219,6 +219,7 @@ def _start(
     notices: NoticeSettings | None = None,
     edge_token: str | None = None,
 ) -> tuple[StreamingQuery, TableFanout]:
+    use_lake(spark, settings.lake)  # a caller's own session too
     checkpoint = settings.checkpoint_path(JOB)
     fanout = TableFanout(settings, quota, notices)
     for writer in fanout.writers:

@@ -35,7 +35,6 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, date, datetime, timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from schemas.quality import (
@@ -46,6 +45,7 @@ from schemas.quality import (
     VALIDATION_ERROR,
 )
 from sinks.delta import DeltaTableWriter, spark_schema
+from sinks.storage import LakePath, is_delta_table, spark_uri
 from streaming.schedule import IntervalSchedule
 from streaming.settings import PipelineSettings
 
@@ -86,7 +86,7 @@ class QualityResult:
 
 def run_quality(
     spark: SparkSession,
-    lake: Path,
+    lake: LakePath,
     *,
     now: datetime,
     tables: Sequence[str] | None = None,
@@ -148,7 +148,7 @@ class Run:
         return last - timedelta(days=self.days - 1), last
 
     def validate(
-        self, spark: SparkSession, datasource: SparkDatasource, table: str, path: Path
+        self, spark: SparkSession, datasource: SparkDatasource, table: str, path: LakePath
     ) -> list[QualityResult]:
         """The results of ``table``'s suite over its recent rows; one failed row if it breaks."""
         from schemas.expectations import build_suite, suite_columns
@@ -216,11 +216,11 @@ class Run:
 
 
 def _recent_rows(
-    spark: SparkSession, path: Path, columns: list[str], first: date, last: date
+    spark: SparkSession, path: LakePath, columns: list[str], first: date, last: date
 ) -> DataFrame:
     """The ``columns`` of the table at ``path`` on the dates from ``first`` to ``last``,
     partition-pruned; :class:`LookupError` naming the columns the table lacks."""
-    rows = spark.read.format("delta").load(str(path))
+    rows = spark.read.format("delta").load(spark_uri(path))
     missing = [name for name in columns if name not in rows.columns]
     if missing:
         raise LookupError(f"{path}: no such columns {missing}")
@@ -251,11 +251,8 @@ def _datasource() -> SparkDatasource:
     return datasource
 
 
-def _is_table(path: Path) -> bool:
-    from deltalake import DeltaTable
-
-    found: bool = DeltaTable.is_deltatable(str(path))
-    return found
+def _is_table(path: LakePath) -> bool:
+    return is_delta_table(path)
 
 
 def _condition_text(condition: Mapping[str, Any]) -> str:
@@ -327,7 +324,7 @@ class QualitySchedule(IntervalSchedule):
 
     def __init__(
         self,
-        lake: Path,
+        lake: LakePath,
         interval_seconds: float,
         *,
         run: RunQuality,

@@ -40,7 +40,6 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import date, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from schemas.usage import (
@@ -51,6 +50,7 @@ from schemas.usage import (
 )
 from sinks.delta import DeltaTableWriter, spark_schema
 from sinks.mqtt import DecisionPublisher
+from sinks.storage import LakePath
 from sinks.upsert import query_table, sql_string, table_exists
 from streaming.errors import PipelineConfigError
 from streaming.quota_settings import QuotaSettings, TenantLimits
@@ -203,7 +203,7 @@ class QuotaStep:
     def run(self, spark: SparkSession, batch_id: int, committed: DayTotals) -> None:
         """Decide batch ``batch_id``; ``committed``: the day totals its usage commit reported."""
         first = self._recorded is None
-        recorded = self._recorded = load_recorded(self.events.path) if first else self._recorded
+        recorded = self._recorded = load_recorded(self.events.location) if first else self._recorded
         assert recorded is not None
         republish = {tenant for tenant, _ in recorded} if first else set()
         done = self.events.last_batch_id()
@@ -264,11 +264,11 @@ class QuotaStep:
 
     def _tenants_of_batch(self, batch_id: int) -> set[str]:
         sql = f"SELECT tenant FROM t WHERE batch_id = {batch_id:d}"  # noqa: S608 (an int)
-        rows = query_table(self.events.path, sql)
+        rows = query_table(self.events.location, sql)
         return set(rows.column("tenant").to_pylist())
 
 
-def load_recorded(path: Path | str, where: str | None = None) -> Recorded:
+def load_recorded(path: LakePath | str, where: str | None = None) -> Recorded:
     """The latest ``quota_events`` row of every tenant and metric ({} without a table).
 
     ``where``, a SQL condition, limits the rows considered; on the partition columns
@@ -301,7 +301,7 @@ def _events(rows: Iterable[dict[str, Any]]) -> Iterable[QuotaEvent]:
         )
 
 
-def load_day_totals(usage_path: Path | str, day: date) -> dict[tuple[str, str], int]:
+def load_day_totals(usage_path: LakePath | str, day: date) -> dict[tuple[str, str], int]:
     """(tenant, counter metric) -> the day's total in ``usage``, for the quota metrics."""
     if not table_exists(usage_path):
         return {}

@@ -1,9 +1,10 @@
 """The one SparkSession of the pipeline, configured from :class:`PipelineSettings`, with Delta.
 
-Every table is written and read by Spark's own Delta data source (delta-spark). Its JVM half is
-fetched once at set-up into ``.venv/delta-jars`` (``scripts/delta-jars.sh``); Spark starts with
-those files as ``spark.jars`` (shipped to a cluster's executors too) and never resolves
-anything at start.
+Every table is written and read by Spark's own Delta data source (delta-spark). Its JVM half,
+and Hadoop's S3A file system for a lake in a bucket (``hadoop-aws`` with the few AWS SDK v2
+modules it uses, not the SDK's 600 MB ``bundle``), are fetched once at set-up into
+``.venv/delta-jars`` (``scripts/delta-jars.sh``); Spark starts with those files as
+``spark.jars`` (shipped to a cluster's executors too) and never resolves anything at start.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pyspark
 from pyspark.sql import SparkSession
 
 from ingest import source
+from sinks.storage import LakePath, hadoop_options
 from streaming.errors import PipelineConfigError
 from streaming.settings import PipelineSettings
 
@@ -34,18 +36,52 @@ def delta_coordinate() -> str:
     return f"io.delta:delta-spark_{spark}_2.13:{importlib.metadata.version('delta-spark')}"
 
 
+# The AWS SDK v2 that each Hadoop release's hadoop-aws is built against (hadoop-project's
+# aws-java-sdk-v2.version); its S3A needs these modules of it, not the whole ``bundle``.
+_AWS_SDK = {"3.4.2": "2.29.52"}
+_AWS_SDK_MODULES = ("s3", "s3-transfer-manager", "sts")
+
+
+def hadoop_version() -> str:
+    """The Hadoop version pyspark ships (from its ``hadoop-client-api`` jar)."""
+    jars = Path(pyspark.__file__).parent / "jars"
+    found = sorted(jars.glob("hadoop-client-api-*.jar"))
+    if not found:
+        raise PipelineConfigError(f"no hadoop-client-api jar in {jars}: is pyspark complete?")
+    return found[0].stem.removeprefix("hadoop-client-api-")
+
+
+def s3_coordinates() -> list[str]:
+    """Hadoop's S3A for the Hadoop that pyspark ships, with the AWS SDK modules it uses."""
+    hadoop = hadoop_version()
+    sdk = _AWS_SDK.get(hadoop)
+    if sdk is None:
+        raise PipelineConfigError(
+            f"pyspark ships Hadoop {hadoop}, whose AWS SDK version streaming/session.py does not "
+            "know: add it to _AWS_SDK (hadoop-project's aws-java-sdk-v2.version)"
+        )
+    modules = [f"software.amazon.awssdk:{name}:{sdk}" for name in _AWS_SDK_MODULES]
+    return [f"org.apache.hadoop:hadoop-aws:{hadoop}", *modules]
+
+
+def jar_coordinates() -> list[str]:
+    """Every Maven coordinate ``scripts/delta-jars.sh`` resolves (one a line in its marker)."""
+    return [delta_coordinate(), *s3_coordinates()]
+
+
 def delta_jars() -> list[str]:
-    """The jar files of Delta's JVM half, or :class:`PipelineConfigError` saying what to do."""
+    """The jar files of Delta's JVM half and S3A, or :class:`PipelineConfigError` saying what
+    to do."""
     folder = Path(os.environ.get(JARS_ENV) or Path(sys.prefix) / "delta-jars")
-    wanted = delta_coordinate()
+    wanted = "\n".join(jar_coordinates())
     marker = folder / _COORDINATE_FILE
     found = marker.read_text().strip() if marker.is_file() else None
     jars = sorted(str(path) for path in folder.glob("*.jar")) if folder.is_dir() else []
     if found != wanted or not jars:
         raise PipelineConfigError(
-            f"Delta Lake's jars ({wanted}) are missing from {folder}: run scripts/bootstrap.sh "
-            f"(it fetches them once with Maven), or put the jars there by hand and write "
-            f"'{wanted}' into {marker}"
+            f"the jars of Delta Lake and S3A ({', '.join(jar_coordinates())}) are missing from "
+            f"{folder}: run scripts/bootstrap.sh (it fetches them once with Maven), or put the "
+            f"jars there by hand and write those coordinates, one a line, into {marker}"
         )
     return jars
 
@@ -107,7 +143,19 @@ def build_spark(settings: PipelineSettings) -> SparkSession:
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     source.register(spark)
+    use_lake(spark, settings.lake)
     return spark
+
+
+def use_lake(spark: SparkSession, lake: LakePath) -> None:
+    """Give ``spark`` what it needs to reach ``lake`` (a bucket's S3A settings; nothing for a
+    local lake). Per bucket, on the running session, so a shared session can reach several."""
+    options = hadoop_options(lake)
+    if not options:
+        return
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    for key, value in options.items():
+        conf.set(key, value)
 
 
 def stop_spark(spark: SparkSession) -> None:

@@ -5,19 +5,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from sinks.storage import LakePath, ObjectPath
 from streaming.errors import PipelineConfigError
+
+# Where the query's checkpoint lives when the lake is in a bucket: on this machine (see
+# :attr:`PipelineSettings.checkpoint_root`), one directory per bucket and prefix.
+LOCAL_CHECKPOINTS = "checkpoints"
 
 
 @dataclass(frozen=True, slots=True)
 class PipelineSettings:
     """Where the journals are, where the lake is, and how the streaming jobs run.
 
-    ``data_dir/journal/{node}/`` holds each edge node's journal; tables live under ``lake``
-    and query checkpoints under ``lake/_checkpoints/{job}``.
+    ``data_dir/journal/{node}/`` holds each edge node's journal; tables live under ``lake`` (a
+    directory, or ``s3://bucket/prefix``) and query checkpoints under ``lake/_checkpoints/{job}``
+    (a lake in a bucket: ``data_dir/checkpoints/{bucket}/{prefix}/{job}``).
     """
 
     data_dir: Path = Path("data")
-    lake: Path = Path("lake")
+    lake: LakePath = Path("lake")
     # Edges serving their journal over HTTP (``edgebus edge --http``), "HOST:PORT" each: read
     # besides the journals under data_dir (issue 12); the executors fetch from them directly.
     edges: tuple[str, ...] = ()
@@ -72,9 +78,15 @@ class PipelineSettings:
 
     @property
     def checkpoint_root(self) -> Path:
+        """Beside the tables for a local lake; on this machine for a lake in a bucket: the
+        journal source reads the offset log from a local path, the journal notices and the
+        checkpoint check read it too, and Spark's checkpoint relies on atomic renames, which
+        S3 lacks. The checkpoint matters as much as the journal: keep ``data_dir``."""
+        if isinstance(self.lake, ObjectPath):
+            return self.data_dir / LOCAL_CHECKPOINTS / self.lake.bucket / self.lake.key
         return self.lake / "_checkpoints"
 
-    def table_path(self, table: str) -> Path:
+    def table_path(self, table: str) -> LakePath:
         return self.lake / table
 
     def checkpoint_path(self, job: str) -> Path:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from edgebus.settings import SettingsError, load_edge, load_pipeline
+from sinks.storage import ENVIRONMENT, ObjectPath, spark_uri
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -68,9 +69,26 @@ def test_bad_edge_settings_name_the_key(tmp_path: Path, text: str, message: str)
         ("[pipeline]\nedges = 'h:1'\n", "pipeline.edges: must be a list of strings"),
         ("[pipeline]\nedges = ['h']\n", 'pipeline.edges: each edge is "HOST:PORT"'),
         ("[pipeline]\nedges = ['h:1', 'h:1']\n", "pipeline.edges: an edge is listed twice"),
+        ("[pipeline]\nlake = 'gs://b/lake'\n", "lake: 'gs://b/lake': unsupported scheme 'gs'"),
+        ("[pipeline]\nlake = 's3:///lake'\n", "lake: 's3:///lake': no bucket"),
+        ("[lake]\nendpoint = 'http://127.0.0.1:9000'\n", r"lake.endpoint: unknown key \(known:"),
+        ("[lake]\nallow_http = 'yes'\n", "lake.allow_http: must be true or false"),
+        (
+            "[pipeline]\nlake = 's3://b/lake'\n[lake]\nendpoint_url = '127.0.0.1:9000'\n",
+            "lake.endpoint_url: must be an http:// or https:// URL",
+        ),
+        (
+            "[pipeline]\nlake = 's3://b/lake'\n[lake]\naccess_key_id = 'AKIA'\n",
+            r"lake.access_key_id \(or AWS_ACCESS_KEY_ID\): given without "
+            r"lake.secret_access_key \(or AWS_SECRET_ACCESS_KEY\)",
+        ),
     ],
 )
-def test_bad_pipeline_settings_name_the_key(tmp_path: Path, text: str, message: str) -> None:
+def test_bad_pipeline_settings_name_the_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str, message: str
+) -> None:
+    for variable in ENVIRONMENT.values():
+        monkeypatch.delenv(variable, raising=False)
     path = tmp_path / "bad.toml"
     path.write_text(text)
     with pytest.raises(SettingsError, match=message):
@@ -81,6 +99,44 @@ def test_edges_from_the_file(tmp_path: Path) -> None:
     path = tmp_path / "p.toml"
     path.write_text("[pipeline]\nedges = ['10.0.0.7:8080', 'edge-b.local:8080']\n")
     assert load_pipeline(path, {}).edges == ("10.0.0.7:8080", "edge-b.local:8080")
+
+
+def test_a_lake_in_a_bucket_takes_the_lake_table_then_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for variable in ENVIRONMENT.values():
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "from-env")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret-from-env")
+    monkeypatch.setenv("AWS_REGION", "us-west-2")
+    path = tmp_path / "pipeline.toml"
+    path.write_text(
+        "[pipeline]\ndata_dir = 'data'\n[lake]\nendpoint_url = 'http://127.0.0.1:9000'\n"
+        "region = 'eu-central-1'\n"
+    )
+    settings = load_pipeline(path, {"lake": "s3a://lake-bucket/prod/lake/"})
+    lake = settings.lake
+    assert isinstance(lake, ObjectPath)
+    assert str(lake) == "s3://lake-bucket/prod/lake"
+    assert str(settings.table_path("logs")) == "s3://lake-bucket/prod/lake/logs"
+    assert spark_uri(settings.table_path("logs")) == "s3a://lake-bucket/prod/lake/logs"
+    assert lake.options.delta_rs() == {
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9000",
+        "AWS_REGION": "eu-central-1",  # the file's, over the environment's
+        "AWS_ACCESS_KEY_ID": "from-env",
+        "AWS_SECRET_ACCESS_KEY": "secret-from-env",
+        "AWS_ALLOW_HTTP": "true",  # an http:// endpoint
+        "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "false",
+    }
+    hadoop = lake.options.hadoop("lake-bucket")
+    assert hadoop["fs.s3a.bucket.lake-bucket.endpoint"] == "http://127.0.0.1:9000"
+    assert hadoop["fs.s3a.bucket.lake-bucket.path.style.access"] == "true"
+    assert hadoop["fs.s3a.bucket.lake-bucket.connection.ssl.enabled"] == "false"
+    assert "secret-from-env" not in repr(settings)
+    # The checkpoint stays on this machine, one directory per bucket and prefix.
+    assert settings.checkpoint_path("journal") == Path(
+        "data/checkpoints/lake-bucket/prod/lake/journal"
+    )
 
 
 def test_missing_file_is_named(tmp_path: Path) -> None:
