@@ -208,7 +208,6 @@ def main(argv: list[str] | None = None) -> int:
                     print(json.dumps(runs[-1]), flush=True)
             finally:
                 stop_spark(spark)
-        now = datetime.now(UTC)
         result: dict[str, Any] = {
             "benchmark": "pipeline journal->delta",
             "records": written,
@@ -216,9 +215,6 @@ def main(argv: list[str] | None = None) -> int:
             "payload_bytes": 200,
             "max_records_per_batch": args.max_records_per_batch,
             **(runs[0] if len(runs) == 1 else {"runs": runs}),
-            "date": now.isoformat(timespec="seconds"),
-            "timestamp_compact": f"{now:%Y%m%dT%H%M%SZ}",
-            "machine": machine_info(),
         }
         report(result, "pipeline")
     finally:

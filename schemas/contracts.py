@@ -71,7 +71,7 @@ def _json_invalid(records: pa.Table) -> pa.Array | pa.ChunkedArray:
         return typed  # all False
     flags = [False] * records.num_rows
     indices = pc.indices_nonzero(typed).to_pylist()
-    payloads = pc.take(records.column("payload"), indices).to_pylist()
+    payloads = records.column("payload").filter(typed).to_pylist()
     loads, invalid = orjson.loads, orjson.JSONDecodeError  # the hot loop: no lookups, no calls
     for index, payload in zip(indices, payloads, strict=True):
         try:

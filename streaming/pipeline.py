@@ -189,7 +189,9 @@ def _share(routed: DataFrame, dest: str) -> DataFrame:
     parsed back from its JSON text on the wire)."""
     schema = route.DESTINATIONS[dest]
     columns = [
-        F.from_json(F.col(name), cast(ArrayType, spark_schema(schema)[name].dataType)).alias(name)
+        route.from_wire(F.col(name), cast(ArrayType, spark_schema(schema)[name].dataType)).alias(
+            name
+        )
         if name == route.WIRE_COLUMN
         else F.col(f"`{name}`")
         for name in schema.names

@@ -73,6 +73,43 @@ def test_replayed_batch_is_skipped(spark: SparkSession, writer: DeltaTableWriter
     assert sorted(seqs) == [1, 2, 3]
 
 
+def test_a_restarted_writer_skips_what_the_table_has(
+    spark: SparkSession, writer: DeltaTableWriter
+) -> None:
+    writer.append(0, frame(spark, message(1)))
+    writer.append(1, frame(spark, message(2)))
+    # Another commit lands after the writer's (a compaction, another writer's append): the
+    # writer's memory of its last commit no longer answers; the log does.
+    other = DeltaTableWriter(writer.path, "test.other", MESSAGES_SCHEMA, MESSAGES_PARTITION_BY)
+    other.append(7, frame(spark, message(100)))
+    writer.append(1, frame(spark, message(2)))
+    restarted = DeltaTableWriter(writer.path, APP, MESSAGES_SCHEMA, MESSAGES_PARTITION_BY)
+    restarted.append(0, frame(spark, message(1)))
+    restarted.append(1, frame(spark, message(2)))
+    restarted.append(2, frame(spark, message(3)))
+
+    seqs = read_table(writer.path, columns=["seq"]).column("seq").to_pylist()
+    assert sorted(seqs) == [1, 2, 3, 100]
+    delta = DeltaTable(writer.path)
+    assert delta.transaction_version(APP) == 2
+    assert delta.transaction_version("test.other") == 7
+    assert delta.history(1)[0]["operation"] == "WRITE"
+
+
+def test_a_table_of_another_schema_is_refused(spark: SparkSession, tmp_path: Path) -> None:
+    path = tmp_path / "messages"
+    spark.createDataFrame([(1, "a")], "seq long, topic string").write.format("delta").save(
+        str(path)
+    )
+    writer = DeltaTableWriter(path, APP, MESSAGES_SCHEMA, MESSAGES_PARTITION_BY)
+
+    with pytest.raises(SinkSchemaError, match="not the declared"):
+        writer.append(0, frame(spark, message(1)))
+
+    assert DeltaTable(str(path)).version() == 0
+    assert DeltaTable(str(path)).transaction_version(APP) is None
+
+
 def test_the_table_has_the_declared_schema_and_partitions(
     spark: SparkSession, writer: DeltaTableWriter
 ) -> None:

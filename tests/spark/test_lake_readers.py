@@ -157,6 +157,14 @@ def physical(type_: pa.DataType) -> str:
     return str(type_)
 
 
+def test_user_properties_reach_messages_as_written(lake: Path) -> None:
+    rows = read_table(lake / "messages", columns=["seq", "user_properties"]).to_pylist()
+    with_props = [r for r in rows if r["user_properties"]]
+    assert with_props, "the journal had properties on every fourth record"
+    assert all(r["user_properties"] == [{"key": "fleet", "value": "north"}] for r in with_props)
+    assert all(r["user_properties"] == [] for r in rows if not r["user_properties"])
+
+
 def test_every_data_file_has_the_physical_types_its_schema_declares(lake: Path) -> None:
     for table, spec in TABLES.items():
         delta = DeltaTable(str(lake / table))

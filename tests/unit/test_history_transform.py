@@ -5,13 +5,14 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+import orjson
 import pyarrow as pa
 
 from schemas.contracts import rows_where
 from schemas.journal import JOURNAL_SCHEMA
 from schemas.tables import MESSAGES_SCHEMA
 from streaming.history import accepts, transform
-from streaming.route import route
+from streaming.route import route, route_wire
 
 UTC = dt.UTC
 
@@ -123,3 +124,16 @@ def test_batches_of_empty_lists_are_routed_whole() -> None:
     routed = route(journal.filter(pa.array([True, False, True, True, True])))
     assert routed.column("seq").to_pylist() == [1, 3, 4, 5]
     assert routed.column("user_properties").to_pylist() == [[]] * 4
+
+
+def test_the_wire_carries_properties_as_json_and_empty_lists_as_empty_text() -> None:
+    props = [{"key": "unit", "value": "kmh"}, {"key": "k", "value": '"quoted"'}]
+    rows = [
+        journal_row(1, "a/b", MIDNIGHT, user_properties=[]),
+        journal_row(2, "a/b", MIDNIGHT, user_properties=props),
+        journal_row(3, "a/b", MIDNIGHT, user_properties=None),
+    ]
+    wire = route_wire(pa.Table.from_pylist(rows, schema=JOURNAL_SCHEMA))
+    assert wire.column("user_properties").to_pylist() == ["", orjson.dumps(props).decode(), None]
+    only_empty = route_wire(pa.Table.from_pylist(rows[:1] + rows[2:], schema=JOURNAL_SCHEMA))
+    assert only_empty.column("user_properties").to_pylist() == ["", None]
