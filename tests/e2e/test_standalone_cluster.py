@@ -4,12 +4,15 @@ the driver (``spark.jars``) and write every table with Spark's Delta, exactly on
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyspark
@@ -35,8 +38,41 @@ def wait_for_line(log: Path, pattern: re.Pattern[bytes], process: subprocess.Pop
     raise AssertionError(f"no {pattern.pattern!r} in {log}")
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[str]:
+@dataclass
+class Cluster:
+    """A running standalone cluster: the master's URL and each worker's process."""
+
+    url: str
+    workers: list[subprocess.Popen[bytes]]
+
+    def kill_worker(self, index: int) -> None:
+        """SIGKILL worker ``index`` and the executors it started, as a lost machine would."""
+        worker = self.workers[index]
+        executors = [int(pid) for pid in _children(worker.pid) if b"Executor" in _cmdline(int(pid))]
+        worker.send_signal(signal.SIGKILL)
+        for pid in executors:
+            os.kill(pid, signal.SIGKILL)
+        worker.wait(30)
+
+
+def _children(pid: int) -> list[str]:
+    found: list[str] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += (task / "children").read_text().split()
+    return found
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+@contextlib.contextmanager
+def standalone_cluster(tmp_path: Path, workers: int, cores: int) -> Iterator[Cluster]:
+    """A master and ``workers`` workers of ``cores`` cores each on 127.0.0.1, from the pyspark
+    installation (``spark-class``); stopped at the end."""
     env = {
         **os.environ,
         "SPARK_HOME": str(SPARK_CLASS.parent.parent),
@@ -55,33 +91,41 @@ def cluster(tmp_path: Path) -> Iterator[str]:
             )
         processes.append(master)
         url = wait_for_line(master_log, MASTER_URL, master).decode()
-        worker_log = tmp_path / "worker.log"
-        with worker_log.open("wb") as out:
-            worker = subprocess.Popen(
-                [
-                    str(SPARK_CLASS),
-                    "org.apache.spark.deploy.worker.Worker",
-                    *common,
-                    "--cores",
-                    "2",
-                    "--memory",
-                    "2g",
-                    "--work-dir",
-                    str(tmp_path / "work"),
-                    url,
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-            )
-        processes.append(worker)
-        wait_for_line(worker_log, re.compile(rb"Successfully registered with master"), worker)
-        yield url
+        started: list[subprocess.Popen[bytes]] = []
+        for index in range(workers):
+            worker_log = tmp_path / f"worker-{index}.log"
+            with worker_log.open("wb") as out:
+                worker = subprocess.Popen(
+                    [
+                        str(SPARK_CLASS),
+                        "org.apache.spark.deploy.worker.Worker",
+                        *common,
+                        *("--cores", str(cores), "--memory", "1g"),
+                        *("--work-dir", str(tmp_path / f"work-{index}")),
+                        url,
+                    ],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                )
+            processes.append(worker)
+            started.append(worker)
+            registered = re.compile(rb"Successfully registered with master")
+            wait_for_line(worker_log, registered, worker)
+        yield Cluster(url, started)
     finally:
         for process in reversed(processes):
-            process.terminate()
+            if process.poll() is None:
+                process.terminate()
         for process in processes:
             process.wait(timeout=60)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[str]:
+    """One worker with two cores."""
+    with standalone_cluster(tmp_path, workers=1, cores=2) as running:
+        yield running.url
 
 
 def test_the_pipeline_writes_every_table_on_a_standalone_cluster(

@@ -2,7 +2,8 @@
 cluster (issue 12): two ``edgebus edge`` processes with their own data dirs, which the pipeline
 is never told about, serve their journals over HTTP; the executors fetch the ranges from the
 edges, every acknowledged publish lands once in ``messages``, and each edge gets its node's
-retained journal notice; a driver SIGKILLed mid-run and run again leaves every record once."""
+retained journal notice; a driver SIGKILLed mid-run and run again, then a worker SIGKILLed
+mid-run (the other one finishes the run), leave every record once."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,22 +22,40 @@ from edge_process import (  # noqa: F401 (two_edges: the fixture)
     retained_notice,
     two_edges,
 )
-from test_standalone_cluster import cluster  # noqa: F401 (the fixture)
+from test_standalone_cluster import Cluster, standalone_cluster
 
 from sinks.delta import read_table
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 
+def commit_file(lake: Path, version: int) -> Path:
+    return lake / "messages" / "_delta_log" / f"{version:020d}.json"
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    """Two workers of one core each."""
+    with standalone_cluster(tmp_path, workers=2, cores=1) as running:
+        yield running
+
+
+def wait_for_commit(path: Path, process: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 300
+    while not path.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # another process's commit: there is no event to await
+    assert process.poll() is None, log.read_text()[-3000:]
+
+
 def test_a_standalone_cluster_reads_two_edges_over_http(
-    cluster: str,  # noqa: F811 (the fixture)
+    cluster: Cluster,
     two_edges: list[EdgeProcess],  # noqa: F811 (the fixture)
     tmp_path: Path,
 ) -> None:
     a, b = two_edges
     sent = {
-        "edge-a": publish_acked(a.mqtt_port, "a", 200),
-        "edge-b": publish_acked(b.mqtt_port, "b", 150),
+        "edge-a": publish_acked(a.mqtt_port, "a", 300),
+        "edge-b": publish_acked(b.mqtt_port, "b", 250),
     }
     lake, workdir = tmp_path / "lake", tmp_path / "pipeline"
     workdir.mkdir()  # its default data dir (./data) does not exist: no local journal
@@ -44,7 +64,7 @@ def test_a_standalone_cluster_reads_two_edges_over_http(
         "-m",
         "edgebus.cli",
         "pipeline",
-        *("--master", cluster, "--lake", str(lake), "--tenants", str(a.tenants)),
+        *("--master", cluster.url, "--lake", str(lake), "--tenants", str(a.tenants)),
         *("--edge", a.http_address, "--edge", b.http_address),
         *("--broker", f"127.0.0.1:{a.mqtt_port}", "--broker", f"127.0.0.1:{b.mqtt_port}"),
         "--once",
@@ -56,20 +76,24 @@ def test_a_standalone_cluster_reads_two_edges_over_http(
     command += ["--config", str(config)]
     log = tmp_path / "pipeline.log"
     killed = subprocess.Popen([*command], stderr=log.open("ab"), cwd=workdir)
-    first_commit = lake / "messages" / "_delta_log" / f"{1:020d}.json"
-    deadline = time.monotonic() + 300
-    while not first_commit.exists() and killed.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)  # another process's commit: there is no event to await
-    assert killed.poll() is None, log.read_text()[-3000:]
+    wait_for_commit(commit_file(lake, 1), killed, log)
     killed.send_signal(signal.SIGKILL)
     killed.wait(30)
     partial = read_table(lake / "messages", columns=["seq"]).num_rows
     assert 0 < partial < sum(map(len, sent.values()))
-    for _ in range(2):  # then the rest; the second run finds nothing new and writes nothing twice
-        done = subprocess.run(
-            command, capture_output=True, text=True, timeout=600, check=False, cwd=workdir
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
+    # Run again, and lose a worker (and its executor) after the next commit: the other worker
+    # takes its tasks over and the run ends well.
+    version = max(int(p.stem) for p in (lake / "messages" / "_delta_log").glob("*.json"))
+    survived = subprocess.Popen([*command], stderr=log.open("ab"), cwd=workdir)
+    wait_for_commit(commit_file(lake, version + 1), survived, log)
+    cluster.kill_worker(0)
+    assert survived.wait(600) == 0, log.read_text()[-3000:]
+    assert read_table(lake / "messages", columns=["seq"]).num_rows == sum(map(len, sent.values()))
+    # The last run finds nothing new and writes nothing twice.
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=600, check=False, cwd=workdir
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
     assert not (workdir / "data").exists()
     rows = read_table(lake / "messages", columns=["node", "seq", "payload"]).to_pylist()
     assert len({(r["node"], r["seq"]) for r in rows}) == len(rows)
