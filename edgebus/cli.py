@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from broker_edge.errors import ConfigError
-from edgebus import logs_cli, quality_cli, sql_cli, usage_cli
+from edgebus import lake_command, logs_cli, quality_cli, sql_cli, usage_cli
 from edgebus.settings import SettingsError, load_edge, load_pipeline
 from schemas import operator_token
 from schemas.operator_token import OperatorTokenError
@@ -97,6 +97,25 @@ def _parser() -> argparse.ArgumentParser:
         "What the pipeline does every maintenance_interval_seconds.",
     )
     _pipeline_args(maintain)
+    api = sub.add_parser(
+        "api",
+        help="serve the lake over HTTP: logs, messages, usage and quota per tenant (REST)",
+        description="Serve the lake's tables over HTTP (a REST API; OpenAPI at /openapi.json): "
+        "GET /logs, /messages, /usage and /quota for one tenant, with the tenants file's tokens "
+        "as bearer tokens (the operator token names the tenant with ?tenant=). SIGTERM or "
+        "Ctrl-C stops it.",
+    )
+    lake_command.add_lake_arguments(api, tenant_help=None)
+    api.add_argument(
+        "--tenants", type=Path, required=True, help="TOML tenants file: the tokens it accepts"
+    )
+    api.add_argument(
+        "--listen",
+        type=_host_port,
+        default=("127.0.0.1", 8080),
+        metavar="HOST:PORT",
+        help="where to serve (default 127.0.0.1:8080; port 0: any free port, printed)",
+    )
     logs_cli.add_parser(sub)
     quality_cli.add_parser(sub)
     sql_cli.add_parser(sub)
@@ -135,6 +154,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return sql_cli.run(args)
         if args.command == "maintain":
             return _maintain(args)
+        if args.command == "api":
+            return _api(args)
         return _run(args)
     except SettingsError as exc:
         print(f"edgebus: bad settings: {exc}", file=sys.stderr)
@@ -285,6 +306,28 @@ def _pipeline(args: argparse.Namespace) -> int:
         settings, once=args.once, stop=stop, quota=quota, notices=notices, edge_token=edge_token
     )
     return 0
+
+
+def _api(args: argparse.Namespace) -> int:
+    """``edgebus api``: refuse a bad tenants file or a directory that is no lake, then serve."""
+    from edgebus import api
+
+    try:
+        lake_command.lake_tables(args.lake)
+        app = api.create_app(args.lake, args.tenants)
+    except lake_command.CommandError as exc:
+        return lake_command.fail("api", exc)
+    except ConfigError as exc:
+        print(f"edgebus: bad tenants file: {exc}", file=sys.stderr)
+        return 2
+    host, port = args.listen
+    try:
+        return api.serve(app, host, port)
+    except OSError as exc:  # the port is taken, the host is not this machine's
+        print(
+            f"edgebus api: cannot listen on {_join_host_port(args.listen)}: {exc}", file=sys.stderr
+        )
+        return 2
 
 
 def _maintain(args: argparse.Namespace) -> int:
