@@ -63,6 +63,13 @@ def _parser() -> argparse.ArgumentParser:
     _pipeline_args(pipe)
     pipe.add_argument("--once", action="store_true", help="process what is there, then exit")
     pipe.add_argument(
+        "--metrics",
+        type=_host_port,
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (port 0: any free port, "
+        "printed; overrides [pipeline] metrics_listen)",
+    )
+    pipe.add_argument(
         "--tenants", type=Path, help="TOML tenants file: the limits the quota step enforces"
     )
     pipe.add_argument(
@@ -231,7 +238,10 @@ def _pipeline_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _pipeline(args: argparse.Namespace) -> int:
-    settings = load_pipeline(args.config, _pipeline_overrides(args))
+    overrides = _pipeline_overrides(args)
+    if args.metrics:
+        overrides["metrics_listen"] = _join_host_port(args.metrics)
+    settings = load_pipeline(args.config, overrides)
     if args.edge:
         added = [_join_host_port(edge) for edge in args.edge]
         edges = tuple(dict.fromkeys([*settings.edges, *added]))
@@ -290,7 +300,6 @@ def _pipeline(args: argparse.Namespace) -> int:
                 "and get no journal notices unless listed with --broker",
                 ", ".join(settings.edges),
             )
-    from streaming import pipeline
     from streaming.session import delta_jars
 
     try:
@@ -302,10 +311,46 @@ def _pipeline(args: argparse.Namespace) -> int:
         return 2
     if stop.is_set():
         return 0  # stopped before Spark started
-    pipeline.run(
+    return _run_pipeline(
         settings, once=args.once, stop=stop, quota=quota, notices=notices, edge_token=edge_token
     )
+
+
+def _run_pipeline(settings: Any, **run_args: Any) -> int:
+    """Run the pipeline with ``run_args``, its metrics served when the settings ask for them."""
+    from streaming import pipeline
+
+    if settings.metrics_address is None:
+        pipeline.run(settings, **run_args)
+        return 0
+    from streaming.metrics import PipelineMetrics
+
+    metrics = PipelineMetrics(settings, edge_token=run_args.get("edge_token"))
+    try:
+        server = _serve_metrics(metrics, *settings.metrics_address)
+    except OSError as exc:
+        where = settings.metrics_listen
+        print(f"edgebus: cannot serve metrics on {where}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        pipeline.run(settings, metrics=metrics, **run_args)
+    finally:
+        server.shutdown()
+        server.server_close()
     return 0
+
+
+def _serve_metrics(metrics: Any, host: str, port: int) -> Any:
+    """Serve ``metrics`` at http://HOST:PORT/metrics from a thread (before Spark starts, so a
+    scrape during start-up already shows each node's lag); the server, to shut down."""
+    from prometheus_client import start_http_server
+
+    server, _ = start_http_server(port, addr=host, registry=metrics.registry)
+    bound = server.server_address[1]
+    print(
+        f"edgebus pipeline metrics on http://{_join_host_port((host, bound))}/metrics", flush=True
+    )
+    return server
 
 
 def _api(args: argparse.Namespace) -> int:

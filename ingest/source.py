@@ -55,7 +55,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -231,10 +231,8 @@ class EdgebusStreamReader(DataSourceStreamReader):
         return dict.fromkeys(list_nodes(self._options.journal_root), 0)
 
     def latestOffset(self) -> Offset:  # noqa: N802 (Spark API)
-        from ingest.journal import list_nodes
-
         planned = self._planned_end()
-        available = {node: self._journal(node).last_seq() for node in list_nodes(self._root)}
+        available = local_ends(self._root, self._journal)
         oldest = {node: self._journal(node).first_seq() for node in available}
         where = {node: str(self._root / node) for node in available}
         for remote in self._edge_ranges(set(available)):
@@ -374,6 +372,16 @@ class EdgebusStreamReader(DataSourceStreamReader):
         yield from journal.read(partition.after_seq, partition.upto_seq)
 
 
+def local_ends(journal_root: Path, journal: Callable[[str], JournalReader]) -> Offset:
+    """The durable end (newest durable seq) of every node's journal under ``journal_root``:
+    what ``latestOffset`` plans up to before its cap, and what the pipeline's lag metrics
+    measure against. ``journal(node)`` gives the node's reader (kept: it scans frames
+    incrementally)."""
+    from ingest.journal import list_nodes
+
+    return {node: journal(node).last_seq() for node in list_nodes(journal_root)}
+
+
 def _check_not_removed(node: str, after: int, oldest: int | None, where: str) -> None:
     """Stop, never skip, when retention already removed records this query has not read
     (retention misconfigured, segments removed by hand): the error names the node and the
@@ -414,8 +422,9 @@ def cap_offsets(planned: Offset, available: Offset, budget: int) -> Offset:
     return {n: planned.get(n, 0) + grant[n] for n in nodes}
 
 
-def checkpointed_offset(checkpoint: Path) -> Offset:
-    """This source's end offset in the newest entry of a query's offset log ({} if none).
+def checkpointed_offset(checkpoint: Path, batch_id: int | None = None) -> Offset:
+    """This source's end offset in the newest entry of a query's offset log ({} if none), or
+    in batch ``batch_id``'s entry.
 
     Spark writes ``offsets/{batch id}`` as ``v1``, a metadata JSON line, then one line per
     source (``-`` for a source without an offset yet). Our offsets are flat ``{str: int}``
@@ -427,9 +436,9 @@ def checkpointed_offset(checkpoint: Path) -> Offset:
         batch_ids = [int(name) for name in os.listdir(log) if name.isdigit()]
     except FileNotFoundError:
         return {}
-    if not batch_ids:
+    if not batch_ids or (batch_id is not None and batch_id not in batch_ids):
         return {}
-    entry = log / str(max(batch_ids))
+    entry = log / str(max(batch_ids) if batch_id is None else batch_id)
     lines = entry.read_text(encoding="utf-8").splitlines()
     if not lines or lines[0] != "v1":
         raise SourceError(

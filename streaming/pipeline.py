@@ -44,6 +44,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from datetime import datetime
 from typing import cast
 
 from pyspark import StorageLevel
@@ -61,6 +62,7 @@ from streaming.history import messages_writer
 from streaming.job import check_checkpoint, journal_stream, start_query
 from streaming.logs import logs_writer
 from streaming.maintenance import MaintenanceSchedule, spark_maintainer
+from streaming.metrics import PipelineMetrics
 from streaming.quality import QualitySchedule
 from streaming.quota_settings import NoticeSettings, QuotaSettings
 from streaming.schedule import IntervalSchedule
@@ -91,8 +93,10 @@ class TableFanout:
         settings: PipelineSettings,
         quota: QuotaSettings | None,
         notices: NoticeSettings | None = None,
+        metrics: PipelineMetrics | None = None,
     ) -> None:
         self._commits = settings.checkpoint_path(JOB) / "commits"
+        self.metrics = metrics
         # A batch's last seq per node, until Spark has marked the batch done.
         self._pending: tuple[int, dict[str, int]] | None = None
         self._noticed_at = -NOTICE_INTERVAL_SECONDS  # monotonic time of the last notices
@@ -124,11 +128,14 @@ class TableFanout:
         try:
             counts: dict[str, int] = {}
             ends: dict[str, int] = {}  # node -> its last seq in this batch
-            for row in (
-                routed.groupBy("dest", "node").agg(F.count("*").alias("n"), F.max("seq")).collect()
-            ):
+            newest: dict[str, datetime] = {}  # node -> its newest ts in this batch (metrics)
+            aggregates = F.count("*").alias("n"), F.max("seq"), F.max("ts").alias("ts")
+            for row in routed.groupBy("dest", "node").agg(*aggregates).collect():
+                node = row["node"]
                 counts[row["dest"]] = counts.get(row["dest"], 0) + row["n"]
-                ends[row["node"]] = max(ends.get(row["node"], 0), row["max(seq)"])
+                ends[node] = max(ends.get(node, 0), row["max(seq)"])
+                if row["ts"] is not None and (node not in newest or row["ts"] > newest[node]):
+                    newest[node] = row["ts"]
             timings: dict[str, float] = {}
 
             def lap(step: str) -> None:
@@ -140,7 +147,7 @@ class TableFanout:
                     writer.append(batch_id, _share(routed, dest))
                     lap(dest)
             counters = _share(routed, route.COUNTERS) if counts.get(route.COUNTERS) else None
-            self.usage(batch.sparkSession, batch_id, counters)
+            decided = self.usage(batch.sparkSession, batch_id, counters)
             lap("usage")
             if counts.get(route.QUARANTINE):
                 self.quarantine.append(batch_id, _share(routed, route.QUARANTINE))
@@ -153,6 +160,11 @@ class TableFanout:
             counts,
             ", ".join(f"{step} {seconds:.2f} s" for step, seconds in timings.items()),
         )
+        if self.metrics is not None:
+            self.metrics.batch_done(
+                counts, timings, {node: (seq, newest.get(node)) for node, seq in ends.items()}
+            )
+            self.metrics.quota_decided(decided)
         self.batch_ended(batch_id, ends)
 
     def batch_ended(self, batch_id: int, ends: dict[str, int]) -> None:
@@ -220,10 +232,11 @@ def _start(
     quota: QuotaSettings | None,
     notices: NoticeSettings | None = None,
     edge_token: str | None = None,
+    metrics: PipelineMetrics | None = None,
 ) -> tuple[StreamingQuery, TableFanout]:
     use_lake(spark, settings.lake)  # a caller's own session too
     checkpoint = settings.checkpoint_path(JOB)
-    fanout = TableFanout(settings, quota, notices)
+    fanout = TableFanout(settings, quota, notices, metrics)
     for writer in fanout.writers:
         check_checkpoint(checkpoint, writer)
     query = start_query(
@@ -253,6 +266,7 @@ def run(
     quota: QuotaSettings | None = None,
     notices: NoticeSettings | None = None,
     edge_token: str | None = None,
+    metrics: PipelineMetrics | None = None,
 ) -> None:
     """Run the journal query (with the quota step when ``quota`` is given).
 
@@ -264,19 +278,23 @@ def run(
     ``maintenance_interval_seconds``) in background threads. The session is built from
     ``settings`` and stopped at the end, unless the caller passes its own ``spark`` (then the
     caller owns and stops it). ``edge_token``: the bearer token for ``settings.edges``.
+    ``metrics``: counted once per batch and per quality run (:mod:`streaming.metrics`; the
+    caller serves them).
     """
     session = spark if spark is not None else build_spark(settings)
     query: StreamingQuery | None = None
     fanout: TableFanout | None = None
     schedules: list[IntervalSchedule] = []
     try:
-        query, fanout = _start(session, settings, quota, notices, edge_token)
+        query, fanout = _start(session, settings, quota, notices, edge_token, metrics)
         if once:
             query.processAllAvailable()
             logger.info("%s: caught up", query.name)
         else:
             schedules = [
-                QualitySchedule.from_settings(session, settings),
+                QualitySchedule.from_settings(
+                    session, settings, on_results=metrics.quality_ran if metrics else None
+                ),
                 MaintenanceSchedule(settings, spark_maintainer(session)),
             ]
             _wait(query, stop if stop is not None else threading.Event(), schedules)
