@@ -448,3 +448,18 @@ def test_refuses_a_directory_that_is_no_lake(tmp_path: Path, tenants: Path) -> N
     )
     assert done.returncode == 2
     assert "bad tenants file" in done.stderr, done.stderr
+
+
+def test_the_server_exits_0_every_time(lake: Path, tenants: Path) -> None:
+    """delta-rs can abort an interpreter at exit, and only sometimes: after reading every table,
+    each stop (SIGTERM and SIGINT in turn) must still exit 0 with no traceback."""
+    for i in range(6):
+        api = ApiProcess(lake, tenants)
+        try:
+            with httpx.Client(base_url=api.url, timeout=TIMEOUT) as http:
+                for path in ("/logs", "/messages", "/usage", "/quota"):
+                    ok(http.get(path, params={"date": "2024-03-10"}, headers=ACME))
+        finally:
+            code, err = api.stop(signal.SIGINT if i % 2 else signal.SIGTERM)
+        assert code == 0, (i, err)
+        assert "Traceback" not in err
