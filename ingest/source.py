@@ -423,23 +423,32 @@ def cap_offsets(planned: Offset, available: Offset, budget: int) -> Offset:
 
 
 def checkpointed_offset(checkpoint: Path, batch_id: int | None = None) -> Offset:
-    """This source's end offset in the newest entry of a query's offset log ({} if none), or
-    in batch ``batch_id``'s entry.
+    """This source's end offset in entry ``batch_id`` of a query's offset log (default: the
+    newest entry; {} when there is none, and for batch id -1: where a query starts).
 
     Spark writes ``offsets/{batch id}`` as ``v1``, a metadata JSON line, then one line per
     source (``-`` for a source without an offset yet). Our offsets are flat ``{str: int}``
     dicts; if several sources of a query look like that, the per-node maximum is taken: a too
     high start only makes one batch larger than the cap, a too low one would re-read records.
+    A named entry that is not there is an error (Spark keeps the last 100).
     """
     log = checkpoint / "offsets"
+    if batch_id is None:
+        try:
+            batch_ids = [int(name) for name in os.listdir(log) if name.isdigit()]
+        except FileNotFoundError:
+            return {}
+        if not batch_ids:
+            return {}
+        batch_id = max(batch_ids)
+    elif batch_id < 0:
+        return {}
+    entry = log / str(batch_id)
     try:
-        batch_ids = [int(name) for name in os.listdir(log) if name.isdigit()]
+        lines = entry.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
-        return {}
-    if not batch_ids or (batch_id is not None and batch_id not in batch_ids):
-        return {}
-    entry = log / str(max(batch_ids) if batch_id is None else batch_id)
-    lines = entry.read_text(encoding="utf-8").splitlines()
+        message = f"edgebus source: the offset log has no batch {batch_id}: {entry}"
+        raise SourceError(message) from None
     if not lines or lines[0] != "v1":
         raise SourceError(
             f"edgebus source: unsupported offset log format in {entry} "

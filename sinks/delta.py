@@ -22,7 +22,7 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from deltalake import DeltaTable, QueryBuilder
@@ -135,10 +135,12 @@ class DeltaTableWriter:
         self._ensured = True
         logger.info("%s: created Delta table partitioned by %s", self._path, self._partition_by)
 
-    def append(self, batch_id: int, rows: DataFrame) -> None:
+    def append(self, batch_id: int, rows: DataFrame) -> int | None:
         """Append ``rows`` as batch ``batch_id``, exactly once: the rows and the app transaction
         ``(app_id, batch_id)`` go in one Delta commit, and a batch the table already holds is
-        skipped.
+        skipped. Returns how many rows the commit holds (from the files' statistics; 0 when
+        ``rows`` is empty, and then nothing is committed: a replay finds nothing either), or
+        None when the batch was skipped or a file has no statistics.
 
         The rows are written by the executors that hold them; the driver only commits. The
         commit is Delta's own transaction (``DeltaLog.startTransaction``, ``writeFiles``,
@@ -176,8 +178,11 @@ class DeltaTableWriter:
                     self._app_id,
                     done,
                 )
-                return
+                return None
             files = txn.writeFiles(conformed._jdf)
+            written = _rows_in(files)
+            if written == 0:
+                return 0
             now = jvm.java.lang.Long.valueOf(int(time.time() * 1000))
             marker = delta.actions.SetTransaction(
                 self._app_id, batch_id, jvm.scala.Option.apply(now)
@@ -202,6 +207,7 @@ class DeltaTableWriter:
             self._app_id,
             version,
         )
+        return written
 
     def _check_schema(self, table_json: str, rows: StructType) -> None:
         """The table's columns and types (nullability aside) are the rows': the check Delta's
@@ -284,6 +290,19 @@ class DeltaTableWriter:
                 for field in target
             ]
         )
+
+
+def _rows_in(files: Any) -> int | None:
+    """The rows of the files ``writeFiles`` wrote (a Scala sequence of ``AddFile``), from the
+    statistics Delta collects for each (None if a file has none)."""
+    rows = 0
+    found = files.iterator()
+    while found.hasNext():
+        counted = found.next().numLogicalRecords()
+        if counted.isEmpty():
+            return None
+        rows += int(counted.get())
+    return rows
 
 
 # The columns Delta keeps min/max statistics of in each file's log entry (the readers prune

@@ -3,10 +3,9 @@
 Theory of operation
 -------------------
 The hot path pays for nothing it does not already compute: :class:`TableFanout` calls
-:meth:`PipelineMetrics.batch_done` once per micro-batch with the per-destination row counts,
-each node's last seq and newest ``ts`` (one small aggregation it runs anyway), and its step
-timings; the quota step hands over its decisions, the quality schedule its results. Each is a
-handful of counter increments.
+:meth:`PipelineMetrics.batch_done` once per micro-batch with what it has anyway (the rows each
+table's commit holds, the batch's end offset per node, its step timings); the quota step hands
+over its decisions, the quality schedule its results. Each is a handful of counter increments.
 
 Lag is measured when Prometheus scrapes, not per batch: the collector reads each node's durable
 end the way the source's ``latestOffset`` does (the ``DURABLE`` watermark and the newest
@@ -16,9 +15,9 @@ what the lake holds: the last seq of each node in the last batch every table com
 (:meth:`batch_done`; at start, the offsets of the checkpoint's last committed batch).
 
 - ``edgebus_pipeline_lag_records{node}``: durable records of the node not in the lake yet;
-- ``edgebus_pipeline_lag_seconds{node}``: 0 when that is none, else how old the newest record of
-  the node the lake holds is (its ``ts``; before this run committed any of the node's records,
-  the time since the run started): the lake is at least that far behind the node.
+- ``edgebus_pipeline_lag_seconds{node}``: how long the oldest of them has waited (now minus its
+  ``ts``, read from the journal or the edge: one record, once per node and lake end); 0 when
+  none waits.
 
 The scrape runs in the metrics server's thread; no Spark call is made from it.
 """
@@ -118,15 +117,16 @@ class PipelineMetrics:
 
     def batch_done(
         self,
-        counts: Mapping[str, int],
+        counts: Mapping[str, int | None],
         timings: Mapping[str, float],
-        ends: Mapping[str, tuple[int, datetime | None]],
+        ends: Mapping[str, int],
     ) -> None:
-        """A micro-batch is in every table: its rows per destination, its step timings, and
-        each node's last seq and newest ``ts`` in it."""
+        """A micro-batch is in every table: its rows per destination (None: not known), its
+        step timings, and each node's last seq in it."""
         self.batches.inc()
         for dest, n in counts.items():
-            self.rows.labels(DESTINATION_TABLES.get(dest, dest)).inc(n)
+            if n:
+                self.rows.labels(DESTINATION_TABLES.get(dest, dest)).inc(n)
         for step, seconds in timings.items():
             self.step_seconds.labels(step).inc(seconds)
         self.batch_seconds.observe(sum(timings.values()))
@@ -159,60 +159,61 @@ class LagCollector(Collector):
         self._edges = settings.edges
         self._token = edge_token
         self._clock = clock
-        self._started = clock()
         self._lock = threading.Lock()
         self._journals: dict[str, JournalReader] = {}
-        # node -> (last seq in the lake, the newest ts of its records there, if known)
-        self._lake: dict[str, tuple[int, float | None]] = {
-            node: (seq, None)
-            for node, seq in _committed_offset(settings.checkpoint_path(job)).items()
-        }
+        self._edge_of: dict[str, str] = {}  # remote node -> its edge
+        self._waiting: dict[str, tuple[int, float]] = {}  # node -> (lake end, next record's ts)
+        # node -> the last seq of it the lake holds
+        self._lake: dict[str, int] = _committed_offset(settings.checkpoint_path(job))
 
-    def committed(self, ends: Mapping[str, tuple[int, datetime | None]]) -> None:
+    def committed(self, ends: Mapping[str, int]) -> None:
         with self._lock:
-            for node, (seq, ts) in ends.items():
-                stamp = ts.timestamp() if ts is not None else None
-                self._lake[node] = (seq, stamp)
+            self._lake.update(ends)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        durable = self._durable_ends()
-        now = self._clock()
-        with self._lock:
+        with self._lock:  # one scrape at a time: they share the journal readers
+            durable = self._durable_ends()
             lake = dict(self._lake)
-        families = {
-            "durable": GaugeMetricFamily(
+            now = self._clock()
+            waited = {
+                node: self._waited(node, lake.get(node, 0), now)
+                for node, end in durable.items()
+                if end > lake.get(node, 0)
+            }
+        families = [
+            GaugeMetricFamily(
                 f"{PREFIX}_durable_seq",
                 "the newest durable seq of each node's journal",
                 labels=["node"],
             ),
-            "committed": GaugeMetricFamily(
+            GaugeMetricFamily(
                 f"{PREFIX}_committed_seq",
                 "the last seq of each node the lake holds",
                 labels=["node"],
             ),
-            "records": GaugeMetricFamily(
+            GaugeMetricFamily(
                 f"{PREFIX}_lag_records",
                 "durable journal records of each node not in the lake yet",
                 labels=["node"],
             ),
-            "seconds": GaugeMetricFamily(
+            GaugeMetricFamily(
                 f"{PREFIX}_lag_seconds",
-                "0 when the lake holds every durable record of the node, else the age of the "
-                "newest record of it the lake holds",
+                "how long the oldest durable record of each node not in the lake yet has waited",
                 labels=["node"],
             ),
-        }
+        ]
+        durable_seq, committed_seq, records, seconds = families
         for node in sorted({*durable, *lake}):
-            seq, ts = lake.get(node, (0, None))
-            families["committed"].add_metric([node], seq)
+            seq = lake.get(node, 0)
+            committed_seq.add_metric([node], seq)
             if node not in durable:
                 continue  # an edge that did not answer this time: its lag is unknown
-            behind = max(durable[node] - seq, 0)
-            families["durable"].add_metric([node], durable[node])
-            families["records"].add_metric([node], behind)
-            age = now - (ts if ts is not None else self._started)
-            families["seconds"].add_metric([node], max(age, 0.0) if behind else 0.0)
-        yield from families.values()
+            durable_seq.add_metric([node], durable[node])
+            records.add_metric([node], max(durable[node] - seq, 0))
+            age = waited.get(node, 0.0)
+            if age is not None:  # None: the waiting record could not be read just now
+                seconds.add_metric([node], age)
+        yield from families
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         return iter(())  # collected at scrape time only: nothing to describe up front
@@ -223,11 +224,10 @@ class LagCollector(Collector):
         from ingest.source import SourceError
 
         ends: Offset = {}
-        with self._lock:
-            try:
-                ends.update(local_ends(self._root, self._journal))
-            except (JournalError, OSError) as exc:
-                logger.warning("metrics: cannot read the journals under %s: %s", self._root, exc)
+        try:
+            ends.update(local_ends(self._root, self._journal))
+        except (JournalError, OSError) as exc:
+            logger.warning("metrics: cannot read the journals under %s: %s", self._root, exc)
         for edge in self._edges:
             try:
                 remote = journal_range(edge, self._token, timeout=EDGE_TIMEOUT_SECONDS)
@@ -235,7 +235,39 @@ class LagCollector(Collector):
                 logger.debug("metrics: edge %s: %s", edge, exc)
                 continue
             ends[remote.node] = remote.last_seq
+            self._edge_of[remote.node] = edge
         return ends
+
+    def _waited(self, node: str, lake_end: int, now: float) -> float | None:
+        """How long the node's first record the lake does not hold has waited (its ``ts``,
+        read once per lake end); None when it cannot be read now."""
+        known = self._waiting.get(node)
+        if known is None or known[0] != lake_end:
+            ts = self._record_ts(node, lake_end + 1)
+            if ts is None:
+                return None
+            known = self._waiting[node] = (lake_end, ts)
+        return max(now - known[1], 0.0)
+
+    def _record_ts(self, node: str, seq: int) -> float | None:
+        """The ``ts`` (Unix seconds) of ``node``'s record ``seq``, from its journal here or
+        from its edge (one request, no retry); None when it cannot be read."""
+        from ingest.journal import JournalError
+        from ingest.remote import read_range
+        from ingest.source import SourceError
+
+        edge = self._edge_of.get(node)
+        try:
+            if edge is None:
+                for record in self._journal(node).read_records(seq - 1, seq):
+                    return float(record["ts"]) / 1_000_000
+                return None
+            for batch in read_range(edge, self._token, node, seq - 1, seq, retry_seconds=0):
+                when: datetime = batch.column("ts")[0].as_py()
+                return when.timestamp()
+        except (JournalError, SourceError, OSError) as exc:  # removed, down: next scrape
+            logger.debug("metrics: node %s seq %d: %s", node, seq, exc)
+        return None
 
     def _journal(self, node: str) -> JournalReader:
         from ingest.journal import JournalReader
@@ -248,10 +280,12 @@ class LagCollector(Collector):
 
 def _committed_offset(checkpoint: Path) -> Offset:
     """The end offset of the last batch the checkpoint marks done ({} before the first)."""
+    from ingest.source import SourceError
+
     try:
-        done = [
-            int(name.name) for name in (checkpoint / "commits").iterdir() if name.name.isdigit()
-        ]
-    except OSError:
+        commits = (checkpoint / "commits").iterdir()
+        done = [int(name.name) for name in commits if name.name.isdigit()]
+        return checkpointed_offset(checkpoint, max(done)) if done else {}
+    except (OSError, SourceError) as exc:  # a checkpoint not there yet: from zero
+        logger.debug("metrics: no committed offset in %s: %s", checkpoint, exc)
         return {}
-    return checkpointed_offset(checkpoint, max(done)) if done else {}

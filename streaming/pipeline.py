@@ -8,14 +8,17 @@ every row staying on the executors:
 
 1. The batch arrives routed: the query reads the journals through
    :class:`streaming.route.RoutedJournal`, which runs the record contract and each table's pure
-   step (``messages``, ``logs``, counter records, every rejected record as a ``quarantine``
-   row) in the executors' Python workers as they read. The routed rows are persisted on the
-   executors, so the journals are read once per batch however many tables there are.
-2. One small aggregation brings the row count per destination and each node's last seq to
-   the driver.
-3. Each table is written from its share by Spark's Delta writer (``sinks.delta``):
-   ``messages``, ``logs``, then ``usage`` (a merge, :mod:`streaming.usage`) and the quota step
-   (``quota_events`` and the decisions to the edges), then ``quarantine``.
+   step in the executors' Python workers as they read, and streams the ``messages`` rows.
+2. ``messages`` is written from them by Spark's Delta writer (``sinks.delta``) in the same
+   pass: nothing is persisted, and the commit's file statistics say how many rows it holds.
+3. Only when that is fewer than the batch's records (its offsets, from the checkpoint, say how
+   many) does the batch have other rows: a second, batch read of the same journal range
+   (:func:`streaming.route.read_others`) brings every other destination's rows (log events,
+   counter records, quarantined records: only they cross to the JVM), persisted while
+   ``logs``, then ``usage`` (a merge, :mod:`streaming.usage`) and the quota step
+   (``quota_events`` and the decisions to the edges), then ``quarantine`` take their share.
+
+Each node's last seq in the batch is its end offset; nothing is counted on the driver.
 
 Exactly once: every table's writer commits its rows with the Delta app transaction ``(app_id,
 batch_id)`` in the same commit (``txnAppId``/``txnVersion``). Spark logs a batch's offsets
@@ -24,8 +27,8 @@ between replays the same batch with the same records, and each table skips it if
 already: tables committed before the crash are left alone, the others are written. The quota
 step runs after the usage commit, so its decisions always see the usage that caused them.
 
-Only small results reach the driver: the per-destination counts and each node's last seq in
-the batch, the usage step's day totals per tenant and metric, the quota step's decisions. The
+Only small results reach the driver: the per-destination counts of the second read, the usage
+step's day totals per tenant and metric, the quota step's decisions. The
 driver's memory does not grow with the batch (BENCHMARKS.md, issue 18).
 
 Retention (issue 9): once every table has committed a batch *and* Spark has marked it done in
@@ -44,8 +47,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from datetime import datetime
-from typing import cast
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
@@ -53,13 +56,14 @@ from pyspark.sql import functions as F  # noqa: N812 (pyspark's own convention)
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.types import ArrayType
 
+from ingest.source import Offset, checkpointed_offset
 from sinks.delta import DeltaTableWriter, spark_schema
 from sinks.mqtt import DecisionPublisher
 from sinks.quarantine import quarantine_writer
 from streaming import route
 from streaming.errors import PipelineError
 from streaming.history import messages_writer
-from streaming.job import check_checkpoint, journal_stream, start_query
+from streaming.job import check_checkpoint, journal_options, journal_stream, start_query
 from streaming.logs import logs_writer
 from streaming.maintenance import MaintenanceSchedule, spark_maintainer
 from streaming.metrics import PipelineMetrics
@@ -69,6 +73,9 @@ from streaming.schedule import IntervalSchedule
 from streaming.session import build_spark, use_lake
 from streaming.settings import PipelineSettings
 from streaming.usage import UsageStep
+
+if TYPE_CHECKING:
+    from streaming.quota import QuotaEvent
 
 logger = logging.getLogger(__name__)
 
@@ -93,10 +100,14 @@ class TableFanout:
         settings: PipelineSettings,
         quota: QuotaSettings | None,
         notices: NoticeSettings | None = None,
+        edge_token: str | None = None,
         metrics: PipelineMetrics | None = None,
     ) -> None:
-        self._commits = settings.checkpoint_path(JOB) / "commits"
         self.metrics = metrics
+        self._checkpoint = settings.checkpoint_path(JOB)
+        self._commits = self._checkpoint / "commits"
+        # The journal source's options, for a batch's second read (its other tables' rows).
+        self._journals = journal_options(settings, edge_token)
         # A batch's last seq per node, until Spark has marked the batch done.
         self._pending: tuple[int, dict[str, int]] | None = None
         self._noticed_at = -NOTICE_INTERVAL_SECONDS  # monotonic time of the last notices
@@ -124,36 +135,25 @@ class TableFanout:
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         self.send_notices(now=time.monotonic())  # the previous batch is marked done now
         started = time.monotonic()
-        routed = batch.persist(StorageLevel.MEMORY_AND_DISK)
-        try:
-            counts: dict[str, int] = {}
-            ends: dict[str, int] = {}  # node -> its last seq in this batch
-            newest: dict[str, datetime] = {}  # node -> its newest ts in this batch (metrics)
-            aggregates = F.count("*").alias("n"), F.max("seq"), F.max("ts").alias("ts")
-            for row in routed.groupBy("dest", "node").agg(*aggregates).collect():
-                node = row["node"]
-                counts[row["dest"]] = counts.get(row["dest"], 0) + row["n"]
-                ends[node] = max(ends.get(node, 0), row["max(seq)"])
-                if row["ts"] is not None and (node not in newest or row["ts"] > newest[node]):
-                    newest[node] = row["ts"]
-            timings: dict[str, float] = {}
+        timings: dict[str, float] = {}
 
-            def lap(step: str) -> None:
-                timings[step] = time.monotonic() - started - sum(timings.values())
+        def lap(step: str) -> None:
+            timings[step] = time.monotonic() - started - sum(timings.values())
 
-            lap("route")
-            for dest, writer in self.appends.items():
-                if counts.get(dest):
-                    writer.append(batch_id, _share(routed, dest))
-                    lap(dest)
-            counters = _share(routed, route.COUNTERS) if counts.get(route.COUNTERS) else None
-            decided = self.usage(batch.sparkSession, batch_id, counters)
-            lap("usage")
-            if counts.get(route.QUARANTINE):
-                self.quarantine.append(batch_id, _share(routed, route.QUARANTINE))
-                lap("quarantine")
-        finally:
-            routed.unpersist()
+        # The range Spark logged for this batch before running it: a replay reads the same.
+        start = checkpointed_offset(self._checkpoint, batch_id - 1)
+        end = checkpointed_offset(self._checkpoint, batch_id)
+        ends = {node: seq for node, seq in end.items() if seq > start.get(node, 0)}
+        records = sum(seq - start.get(node, 0) for node, seq in ends.items())  # at most
+        # The messages straight from the read: the batch's one pass when it holds nothing else.
+        written = self.appends[route.MESSAGES].append(batch_id, _share(batch, route.MESSAGES))
+        counts = {route.MESSAGES: written}
+        lap(route.MESSAGES)
+        if written is not None and written >= records:
+            decided = self.usage(batch.sparkSession, batch_id, None)
+        else:  # other rows, or a replay: every other table from a second read of the range
+            others, decided = self._others(batch.sparkSession, batch_id, start, end, lap)
+            counts |= others
         logger.info(
             "batch %d: %s rows; %s",
             batch_id,
@@ -161,11 +161,41 @@ class TableFanout:
             ", ".join(f"{step} {seconds:.2f} s" for step, seconds in timings.items()),
         )
         if self.metrics is not None:
-            self.metrics.batch_done(
-                counts, timings, {node: (seq, newest.get(node)) for node, seq in ends.items()}
-            )
+            self.metrics.batch_done(counts, timings, ends)
             self.metrics.quota_decided(decided)
         self.batch_ended(batch_id, ends)
+
+    def _others(
+        self,
+        spark: SparkSession,
+        batch_id: int,
+        start: Offset,
+        end: Offset,
+        lap: Callable[[str], None],
+    ) -> tuple[dict[str, int], list[QuotaEvent]]:
+        """Every table but ``messages`` from the batch's range read again, where only their
+        rows cross to the JVM (persisted: several tables take their share). Their row counts,
+        and the quota decisions the usage step made."""
+        others = route.read_others(spark, self._journals, start, end)
+        others = others.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            counts = {
+                row["dest"]: row["n"]
+                for row in others.groupBy("dest").agg(F.count("*").alias("n")).collect()
+            }
+            lap("others")
+            if counts.get(route.LOGS):
+                self.appends[route.LOGS].append(batch_id, _share(others, route.LOGS))
+                lap(route.LOGS)
+            counters = _share(others, route.COUNTERS) if counts.get(route.COUNTERS) else None
+            decided = self.usage(spark, batch_id, counters)
+            lap("usage")
+            if counts.get(route.QUARANTINE):
+                self.quarantine.append(batch_id, _share(others, route.QUARANTINE))
+                lap(route.QUARANTINE)
+        finally:
+            others.unpersist()
+        return counts, decided
 
     def batch_ended(self, batch_id: int, ends: dict[str, int]) -> None:
         """Batch ``batch_id`` is in every table, with each node's last seq in ``ends``: its
@@ -198,7 +228,8 @@ class TableFanout:
 
 def _share(routed: DataFrame, dest: str) -> DataFrame:
     """The routed rows for ``dest`` with that destination's columns (``user_properties``
-    parsed back from its JSON text on the wire)."""
+    parsed back from its JSON text on the wire): the stream's rows for ``messages`` (all of
+    them), a second read's rows with ``dest`` naming the table for the others."""
     schema = route.DESTINATIONS[dest]
     columns = [
         route.from_wire(F.col(name), cast(ArrayType, spark_schema(schema)[name].dataType)).alias(
@@ -208,7 +239,9 @@ def _share(routed: DataFrame, dest: str) -> DataFrame:
         else F.col(f"`{name}`")
         for name in schema.names
     ]
-    return routed.where(F.col("dest") == dest).select(*columns)
+    if dest != route.MESSAGES:
+        routed = routed.where(F.col("dest") == dest)
+    return routed.select(*columns)
 
 
 def start(
@@ -236,7 +269,7 @@ def _start(
 ) -> tuple[StreamingQuery, TableFanout]:
     use_lake(spark, settings.lake)  # a caller's own session too
     checkpoint = settings.checkpoint_path(JOB)
-    fanout = TableFanout(settings, quota, notices, metrics)
+    fanout = TableFanout(settings, quota, notices, edge_token, metrics)
     for writer in fanout.writers:
         check_checkpoint(checkpoint, writer)
     query = start_query(

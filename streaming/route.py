@@ -14,19 +14,24 @@ range :func:`route`:
    ``$counters/`` → parsed counter records (:func:`streaming.usage.transform`);
 3. turns every record a contract rejected into a ``quarantine`` row.
 
-Its output is one table of the union of those shapes (:data:`ROUTED_SCHEMA`) where ``dest``
-names the table a row is for; the pipeline persists it on the executors and writes each table
-from its share (``streaming.pipeline``). Every step is a pure function of the records, so a
-replayed batch routes every record the same way, and each step is unit-tested without Spark.
+The stream carries the ``messages`` rows only (:data:`MESSAGES_WIRE_SCHEMA`): nearly every
+record is device traffic, and the pipeline writes them with Delta straight from the read, in
+one pass, with nothing persisted. The other destinations' rows (``logs``, counter records,
+``quarantine``: :data:`OTHERS_WIRE_SCHEMA`, with ``dest`` naming the table) come from a batch
+read of the same journal range (:func:`read_others`), which the pipeline makes only when the
+``messages`` commit holds fewer rows than the batch has records. Every step is a pure function
+of the records, so both reads route every record the same way (and a replayed batch too), and
+each step is unit-tested without Spark.
 
 Why in the source rather than a ``mapInArrow`` after it: the records cross from Python to the
 JVM once instead of three times (source → JVM → Python → JVM): the read and route of a
-200,000-row batch went from 3.9 s to 1.6 s (BENCHMARKS.md, issue 18). Persisting the routed
-batch and filtering it per table beat counting it by a separate summary read and reading the
-few non-message rows again (45k against 40k rows/s with logs and bad payloads mixed in, 110k
-against 92k without). Why one pass rather than one per table:
-the message contract parses every JSON payload, and a per-table pass would parse them again
-for ``quarantine``.
+200,000-row batch went from 3.9 s to 1.6 s (BENCHMARKS.md, issue 18). Why messages straight
+from the read and the rest by a second read, rather than the routed batch persisted and filtered
+per table: building Spark's cache of the routed rows cost about as much as the read itself
+(BENCHMARKS.md, issue 18), and the second read is made only when the batch has other rows,
+and only those rows cross to the JVM. Why one route rather than one per table: the message
+contract parses every JSON payload, and a per-table pass would parse them again for
+``quarantine``.
 
 The wire: ``user_properties`` (a list of structs) crosses from Python to the JVM as JSON text
 (:data:`WIRE_COLUMN`; :func:`from_wire` on the JVM side when a table's share is selected), an
@@ -42,11 +47,18 @@ from collections.abc import Iterator
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import Column, SparkSession
-from pyspark.sql.datasource import InputPartition
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import ArrayType, StructType
 
-from ingest.source import EdgebusDataSource, EdgebusStreamReader, SourceOptions
+from ingest.source import (
+    EdgebusDataSource,
+    EdgebusStreamReader,
+    JournalRange,
+    Offset,
+    SourceOptionError,
+    SourceOptions,
+)
 from schemas.contracts import RECORD_RULES, first_broken, rows_where
 from schemas.journal import JOURNAL_SCHEMA
 from schemas.tables import LOGS_SCHEMA, MESSAGES_SCHEMA, QUARANTINE_SCHEMA
@@ -88,6 +100,9 @@ def _union(schemas: list[pa.Schema]) -> pa.Schema:
 
 
 ROUTED_SCHEMA = _union(list(DESTINATIONS.values()))
+# What the second read of a batch (:func:`read_others`) carries: every destination but messages.
+OTHERS = (LOGS, COUNTERS, QUARANTINE)
+OTHERS_SCHEMA = _union([DESTINATIONS[dest] for dest in OTHERS])
 
 # The column that crosses the JVM/Python boundary as JSON text, and its schemas on the wire.
 WIRE_COLUMN = "user_properties"
@@ -99,11 +114,23 @@ def _wire(schema: pa.Schema) -> pa.Schema:
     return schema.set(index, schema.field(index).with_type(pa.string()))
 
 
-ROUTED_WIRE_SCHEMA = _wire(ROUTED_SCHEMA)
+MESSAGES_WIRE_SCHEMA = _wire(MESSAGES_SCHEMA)
+OTHERS_WIRE_SCHEMA = _wire(OTHERS_SCHEMA)
+
+# The options of a batch read of one journal range (:func:`read_others`): offsets as JSON.
+OPTION_START = "startOffset"
+OPTION_END = "endOffset"
 
 
 def route(journal: pa.Table) -> pa.Table:
-    """Journal records (any Arrow types equal to the journal's) to routed rows."""
+    """Journal records (any Arrow types equal to the journal's) to routed rows
+    (:data:`ROUTED_SCHEMA`: every destination's, ``dest`` naming it)."""
+    return _widened(route_parts(journal), ROUTED_SCHEMA)
+
+
+def route_parts(journal: pa.Table) -> list[tuple[str, pa.Table]]:
+    """Journal records to ``(destination, rows)`` pairs, each in its destination's schema
+    (:data:`DESTINATIONS`); a destination may come more than once (``quarantine``)."""
     records = conform(journal, JOURNAL_SCHEMA)
     rules, reasons = first_broken(records, RECORD_RULES)
     kept = pc.is_null(rules)
@@ -129,42 +156,81 @@ def route(journal: pa.Table) -> pa.Table:
     ):
         rows, quarantined = step(rows_where(good, accepts(topics)))
         parts += [(dest, rows), (QUARANTINE, quarantined)]
-    routed = [_widen(dest, rows) for dest, rows in parts if rows.num_rows]
-    return pa.concat_tables(routed) if routed else ROUTED_SCHEMA.empty_table()
+    return [(dest, rows) for dest, rows in parts if rows.num_rows]
 
 
-def route_wire(journal: pa.Table) -> pa.Table:
-    """:func:`route` on the wire schema (:data:`ROUTED_WIRE_SCHEMA`: ``user_properties`` as
-    JSON text), what :class:`RoutedJournal` hands to the JVM."""
-    routed = route(journal)
-    index = routed.schema.get_field_index(WIRE_COLUMN)
-    routed = routed.set_column(index, WIRE_COLUMN, _to_json(routed.column(index)))
-    return routed.cast(ROUTED_WIRE_SCHEMA)
+def messages_wire(journal: pa.Table) -> pa.Table:
+    """The ``messages`` rows of journal records on the wire (:data:`MESSAGES_WIRE_SCHEMA`):
+    what the stream of :class:`RoutedJournal` hands to the JVM."""
+    rows = [rows for dest, rows in route_parts(journal) if dest == MESSAGES]
+    table = rows[0] if rows else MESSAGES_SCHEMA.empty_table()
+    return _on_wire(table, MESSAGES_WIRE_SCHEMA)
+
+
+def others_wire(journal: pa.Table) -> pa.Table:
+    """Every other destination's rows of journal records on the wire
+    (:data:`OTHERS_WIRE_SCHEMA`, ``dest`` naming the table): what a batch read of
+    :class:`RoutedJournal` (:func:`read_others`) hands to the JVM."""
+    parts = [(dest, rows) for dest, rows in route_parts(journal) if dest != MESSAGES]
+    return _on_wire(_widened(parts, OTHERS_SCHEMA), OTHERS_WIRE_SCHEMA)
+
+
+def _on_wire(rows: pa.Table, wire: pa.Schema) -> pa.Table:
+    index = rows.schema.get_field_index(WIRE_COLUMN)
+    rows = rows.set_column(index, WIRE_COLUMN, _to_json(rows.column(index)))
+    return rows.cast(wire)
 
 
 def register(spark: SparkSession) -> None:
-    """Make ``spark.readStream.format(ROUTED_SOURCE)`` available in this session."""
+    """Make ``spark.readStream.format(ROUTED_SOURCE)`` (and its batch reads,
+    :func:`read_others`) available in this session."""
     spark.dataSource.register(RoutedJournal)
+
+
+def read_others(
+    spark: SparkSession, options: dict[str, str], start: Offset, end: Offset
+) -> DataFrame:
+    """The rows of every destination but ``messages`` (:data:`OTHERS_WIRE_SCHEMA`) of the
+    records ``start < seq <= end`` (per node), as a batch DataFrame; ``options`` are the
+    journal source's. The route runs in the read tasks; only these rows cross to the JVM."""
+    return (
+        spark.read.format(ROUTED_SOURCE)
+        .options(**options)
+        .option(OPTION_START, orjson.dumps(start).decode())
+        .option(OPTION_END, orjson.dumps(end).decode())
+        .load()
+    )
 
 
 class RoutedJournal(EdgebusDataSource):
     """The ``edgebus`` journal source (same options, offsets and partitions) whose rows are
-    the routed rows (:data:`ROUTED_WIRE_SCHEMA`) instead of the raw records."""
+    routed: as a stream, the ``messages`` rows (:data:`MESSAGES_WIRE_SCHEMA`); as a batch read
+    of one range (options :data:`OPTION_START` and :data:`OPTION_END`, see
+    :func:`read_others`), every other destination's rows (:data:`OTHERS_WIRE_SCHEMA`)."""
 
     @classmethod
     def name(cls) -> str:
         return ROUTED_SOURCE
 
     def schema(self) -> StructType:
-        super().schema()  # the options are checked at load(), not at the first batch
-        return spark_schema(ROUTED_WIRE_SCHEMA)
+        journal, bounds = _split_options(self.options)
+        SourceOptions.parse(journal)  # the options are checked at load(), not in a task
+        if bounds:
+            _range(bounds)
+            return spark_schema(OTHERS_WIRE_SCHEMA)
+        return spark_schema(MESSAGES_WIRE_SCHEMA)
 
     def streamReader(self, schema: StructType) -> RoutedJournalReader:  # noqa: N802 (Spark API)
         return RoutedJournalReader(SourceOptions.parse(self.options))
 
+    def reader(self, schema: StructType) -> RoutedRangeReader:
+        journal, bounds = _split_options(self.options)
+        return RoutedRangeReader(SourceOptions.parse(journal), *_range(bounds))
+
 
 class RoutedJournalReader(EdgebusStreamReader):
-    """Plans like the journal reader; each read task routes its journal range in one go."""
+    """Plans like the journal reader; each read task routes its journal range in one go and
+    yields its ``messages`` rows."""
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         # A range is at most ingest.source.PARTITION_RECORDS records, routed as one table:
@@ -172,7 +238,53 @@ class RoutedJournalReader(EdgebusStreamReader):
         # group commits.
         batches = list(super().read(partition))  # the journal's records
         if batches:
-            yield from route_wire(_table(batches)).to_batches()
+            yield from messages_wire(_table(batches)).to_batches()
+
+
+class RoutedRangeReader(DataSourceReader):
+    """A batch read of one range of the journals, in the stream's read tasks, yielding every
+    destination's rows but ``messages``'."""
+
+    def __init__(self, options: SourceOptions, start: Offset, end: Offset) -> None:
+        self._journal = EdgebusStreamReader(options)
+        self._start, self._end = start, end
+
+    def partitions(self) -> list[JournalRange]:
+        return list(self._journal.partitions(self._start, self._end))
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        batches = list(self._journal.read(partition))
+        if batches:
+            yield from others_wire(_table(batches)).to_batches()
+
+
+def _split_options(options: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """The journal source's options and a range read's bounds (lower-cased names: Spark hands
+    options over case-insensitively)."""
+    bounds = {OPTION_START.lower(), OPTION_END.lower()}
+    journal = {k: v for k, v in options.items() if k.lower() not in bounds}
+    given = {k.lower(): v for k, v in options.items() if k.lower() in bounds}
+    return journal, given
+
+
+def _range(bounds: dict[str, str]) -> tuple[Offset, Offset]:
+    start, end = (_offset(bounds, name) for name in (OPTION_START, OPTION_END))
+    return start, end
+
+
+def _offset(bounds: dict[str, str], name: str) -> Offset:
+    raw = bounds.get(name.lower())
+    if raw is None:
+        raise SourceOptionError(f"{ROUTED_SOURCE}: a batch read needs option {name!r}")
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        value = None
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and type(v) is int for k, v in value.items()
+    ):
+        raise SourceOptionError(f"{ROUTED_SOURCE}: option {name!r} is not an offset: {raw!r}")
+    return value
 
 
 def _table(batches: list[pa.RecordBatch]) -> pa.Table:
@@ -206,7 +318,14 @@ def from_wire(text: Column, data_type: ArrayType) -> Column:
     return F.when(text == "", F.array().cast(data_type)).otherwise(F.from_json(text, data_type))
 
 
-def _widen(dest: str, rows: pa.Table) -> pa.Table:
+def _widened(parts: list[tuple[str, pa.Table]], schema: pa.Schema) -> pa.Table:
+    """``parts`` in one table of ``schema`` (a union of theirs), ``dest`` naming each row's."""
+    return pa.concat_tables(
+        [_widen(dest, rows, schema) for dest, rows in parts] or [schema.empty_table()]
+    )
+
+
+def _widen(dest: str, rows: pa.Table, schema: pa.Schema) -> pa.Table:
     n = rows.num_rows
     columns = [
         pa.array([dest] * n, pa.string())
@@ -214,9 +333,9 @@ def _widen(dest: str, rows: pa.Table) -> pa.Table:
         else rows.column(field.name)
         if field.name in rows.column_names
         else pa.nulls(n, field.type)
-        for field in ROUTED_SCHEMA
+        for field in schema
     ]
-    return pa.Table.from_arrays(columns, schema=ROUTED_SCHEMA)
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def _meant_for(topics: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:

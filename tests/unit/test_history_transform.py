@@ -12,7 +12,13 @@ from schemas.contracts import rows_where
 from schemas.journal import JOURNAL_SCHEMA
 from schemas.tables import MESSAGES_SCHEMA
 from streaming.history import accepts, transform
-from streaming.route import route, route_wire
+from streaming.route import (
+    MESSAGES_WIRE_SCHEMA,
+    OTHERS_WIRE_SCHEMA,
+    messages_wire,
+    others_wire,
+    route,
+)
 
 UTC = dt.UTC
 
@@ -133,7 +139,32 @@ def test_the_wire_carries_properties_as_json_and_empty_lists_as_empty_text() -> 
         journal_row(2, "a/b", MIDNIGHT, user_properties=props),
         journal_row(3, "a/b", MIDNIGHT, user_properties=None),
     ]
-    wire = route_wire(pa.Table.from_pylist(rows, schema=JOURNAL_SCHEMA))
+    wire = messages_wire(pa.Table.from_pylist(rows, schema=JOURNAL_SCHEMA))
+    assert wire.schema == MESSAGES_WIRE_SCHEMA
     assert wire.column("user_properties").to_pylist() == ["", orjson.dumps(props).decode(), None]
-    only_empty = route_wire(pa.Table.from_pylist(rows[:1] + rows[2:], schema=JOURNAL_SCHEMA))
+    only_empty = messages_wire(pa.Table.from_pylist(rows[:1] + rows[2:], schema=JOURNAL_SCHEMA))
     assert only_empty.column("user_properties").to_pylist() == ["", None]
+
+
+def test_the_stream_carries_messages_and_the_second_read_everything_else() -> None:
+    rows = [
+        journal_row(1, "a/b", MIDNIGHT),
+        journal_row(2, "$log/mqtt/connect", MIDNIGHT, payload=b"not json"),
+        journal_row(3, "a/c", MIDNIGHT, content_type="application/json", payload=b"{bad"),
+        journal_row(4, "$counters/messages_in", MIDNIGHT, payload=b"[]"),
+        journal_row(5, "a/d", MIDNIGHT),
+    ]
+    journal = pa.Table.from_pylist(rows, schema=JOURNAL_SCHEMA)
+    messages = messages_wire(journal)
+    assert messages.column("seq").to_pylist() == [1, 5]
+    others = others_wire(journal)
+    assert others.schema == OTHERS_WIRE_SCHEMA
+    by_dest = sorted(
+        zip(others.column("dest").to_pylist(), others.column("seq").to_pylist(), strict=True)
+    )
+    # The bad log event is kept in logs and quarantined; the bad JSON message and the bad
+    # counter record are quarantined. Every record is in exactly one of the two reads.
+    assert by_dest == [("logs", 2), ("quarantine", 2), ("quarantine", 3), ("quarantine", 4)]
+    empty = others_wire(journal.filter(pa.array([True, False, False, False, True])))
+    assert empty.num_rows == 0
+    assert empty.schema == OTHERS_WIRE_SCHEMA

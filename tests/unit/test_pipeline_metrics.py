@@ -75,14 +75,19 @@ def test_lag_per_node_against_the_journals(
     samples = scrape()
     assert value(samples, "edgebus_pipeline_lag_records", node="edge-a") == 10
     assert value(samples, "edgebus_pipeline_lag_records", node="edge-b") == 3
+    # The oldest waiting record, seq 1, was journaled at TS: 30 s before NOW.
+    assert value(samples, "edgebus_pipeline_lag_seconds", node="edge-a") == 30.0
     metrics.batch_done(
-        {"messages": 8, "counters": 2},
+        {"messages": 8, "counters": 2, "logs": None},
         {"route": 0.25, "messages": 0.5},
-        {"edge-a": (8, TS), "edge-b": (3, TS)},
+        {"edge-a": 8, "edge-b": 3},
     )
     samples = scrape()
     assert value(samples, "edgebus_pipeline_lag_records", node="edge-a") == 2
-    assert value(samples, "edgebus_pipeline_lag_seconds", node="edge-a") == 30.0  # NOW - TS
+    # Now seq 9 waits: journaled 8 µs after TS.
+    assert value(samples, "edgebus_pipeline_lag_seconds", node="edge-a") == pytest.approx(
+        30.0 - 8e-6
+    )
     assert value(samples, "edgebus_pipeline_lag_records", node="edge-b") == 0
     assert value(samples, "edgebus_pipeline_lag_seconds", node="edge-b") == 0
     assert value(samples, "edgebus_pipeline_committed_seq", node="edge-a") == 8
