@@ -18,13 +18,14 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from edgebus import lake_command
 from edgebus.lake_command import CommandError, iso, sql_string
 from edgebus.page import ORDER_COLUMNS as ORDER_COLUMNS  # noqa: PLC0414 (re-exported)
 from edgebus.page import Cursor as Cursor  # noqa: PLC0414 (re-exported)
-from edgebus.page import Page
+from edgebus.page import Page, fetch_by_days
 from edgebus.page import ts_us as ts_us  # noqa: PLC0414 (re-exported)
 
 # The edges' event types from the pure-Python declaration: schemas.payloads would import pyarrow,
@@ -207,6 +208,10 @@ class LogQuery:
 
 def fetch(delta: DeltaTable, query: LogQuery) -> list[dict[str, Any]]:
     """The first ``query.limit`` matching rows in the query's order."""
+    return fetch_by_days(delta, query, partial(_fetch, delta))
+
+
+def _fetch(delta: DeltaTable, query: LogQuery) -> list[dict[str, Any]]:
     if not query.where:
         return lake_command.query(delta, QUERY_TABLE, query.sql(query.limit))
     found: list[dict[str, Any]] = []

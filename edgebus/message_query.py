@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgebus import lake_command
 from edgebus.lake_command import CommandError, iso, sql_string
-from edgebus.page import Cursor, Page
+from edgebus.page import Cursor, Page, fetch_by_days
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -108,7 +108,11 @@ class MessageQuery:
 
 def fetch(delta: DeltaTable, query: MessageQuery) -> list[dict[str, Any]]:
     """The first ``query.limit`` matching rows in the query's order."""
-    return lake_command.query(delta, QUERY_TABLE, query.sql())
+
+    def one_window(window: MessageQuery) -> list[dict[str, Any]]:
+        return lake_command.query(delta, QUERY_TABLE, window.sql())
+
+    return fetch_by_days(delta, query, one_window)
 
 
 def message_doc(row: dict[str, Any]) -> dict[str, Any]:
