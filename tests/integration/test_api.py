@@ -463,3 +463,20 @@ def test_the_server_exits_0_every_time(lake: Path, tenants: Path) -> None:
             code, err = api.stop(signal.SIGINT if i % 2 else signal.SIGTERM)
         assert code == 0, (i, err)
         assert "Traceback" not in err
+
+
+def test_a_changed_tenants_file_counts_from_the_next_request(lake: Path, tmp_path: Path) -> None:
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text(TENANTS)
+    api = ApiProcess(lake, tenants)
+    try:
+        with httpx.Client(base_url=api.url, timeout=TIMEOUT) as http:
+            late = {"Authorization": "Bearer acme-late"}
+            error(http.get("/logs", headers=late), 401, "unauthorized")
+            tenants.write_text(TENANTS.replace('"acme-dash"]', '"acme-dash", "acme-late"]', 1))
+            assert ok(http.get("/logs", headers=late))["tenant"] == "acme"
+            tenants.write_text("[tenants.acme]\ntokens = 3\n")  # broken: the old file holds
+            assert ok(http.get("/logs", headers=late))["tenant"] == "acme"
+    finally:
+        code, err = api.stop()
+    assert code == 0, err
