@@ -75,8 +75,10 @@ def committed_offsets(checkpoint: Path) -> dict[str, int]:
     return merged
 
 
-def tree_rss_kib(pid: int) -> int:
-    """RSS of ``pid`` and all its descendants (the pipeline's driver and its JVM)."""
+def tree_memory_kib(pid: int) -> tuple[int, int]:
+    """(RSS, PSS) of ``pid`` and all its descendants, summed. The RSS sum counts the pages a
+    forked process shares with its parent once per process (Spark forks its Python workers
+    from a daemon); the PSS sum counts each page once, split between its sharers."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -87,12 +89,25 @@ def tree_rss_kib(pid: int) -> int:
             continue
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
         children.setdefault(ppid, []).append(int(entry))
-    total, todo = 0, [pid]
+    rss = pss = 0
+    todo = [pid]
     while todo:
         current = todo.pop()
-        total += brokers.rss_kib(current) or 0
+        rss += brokers.rss_kib(current) or 0
+        pss += pss_kib(current)
         todo.extend(children.get(current, []))
-    return total
+    return rss, pss
+
+
+def pss_kib(pid: int) -> int:
+    """The proportional set size of ``pid`` (0 if it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
 
 
 def journal_disk(node_dir: Path) -> tuple[int, int]:
@@ -144,12 +159,14 @@ class Sampler(threading.Thread):
             next_sample += self.args.sample_interval
             disk, segments = journal_disk(self.node_dir)
             durable = read_durable_seq(self.node_dir) or 0
+            pipeline_rss, pipeline_pss = tree_memory_kib(self.pipe.pid)
             sample = {
                 "t_s": round(now - self.started, 1),
                 "journal_bytes": disk,
                 "segments": segments,
                 "edge_rss_kib": brokers.rss_kib(self.edge.pid),
-                "pipeline_rss_kib": tree_rss_kib(self.pipe.pid),
+                "pipeline_rss_kib": pipeline_rss,
+                "pipeline_pss_kib": pipeline_pss,
                 "durable_seq": durable,
                 "committed_seq": committed,
                 "lag_records": durable - committed,
@@ -158,26 +175,18 @@ class Sampler(threading.Thread):
             print(  # a benchmark's progress line
                 f"{sample['t_s']:7.1f}s disk {disk / 2**20:7.1f} MiB in {segments:3d} segments  "
                 f"edge {sample['edge_rss_kib'] / 1024:6.1f} MiB  pipeline "
-                f"{sample['pipeline_rss_kib'] / 1024:7.1f} MiB  lag {durable - committed:8d}",
+                f"{pipeline_rss / 1024:7.1f} MiB (PSS {pipeline_pss / 1024:7.1f})  "
+                f"lag {durable - committed:8d}",
                 flush=True,
             )
 
 
 def lake_check(lake: Path, acked: int) -> dict[str, Any]:
     """Rows of the load in ``messages``: how many, how many distinct (node, seq)."""
-    from deltalake import DeltaTable
+    from sinks.delta import read_table  # DataFusion: to_pyarrow_table can abort the exit
 
-    table = DeltaTable(str(lake / "messages")).to_pyarrow_table(columns=["node", "seq", "topic"])
-    load = [
-        (node, seq)
-        for node, seq, topic in zip(
-            table.column("node").to_pylist(),
-            table.column("seq").to_pylist(),
-            table.column("topic").to_pylist(),
-            strict=True,
-        )
-        if topic.startswith("fleet/soak-")
-    ]
+    table = read_table(lake / "messages", "topic LIKE 'fleet/soak-%'", ["node", "seq"])
+    load = list(zip(table.column("node").to_pylist(), table.column("seq").to_pylist(), strict=True))
     return {
         "acked": acked,
         "rows": len(load),
@@ -263,9 +272,24 @@ def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
         values = [s[key] for s in samples if s.get(key) is not None]
         return {"min": min(values), "median": statistics.median(values), "max": max(values)}
 
-    return {
-        k: stat(k) for k in ("journal_bytes", "segments", "edge_rss_kib", "pipeline_rss_kib")
-    } | {"lag_records": stat("lag_records")}
+    keys = ("journal_bytes", "segments", "edge_rss_kib", "pipeline_rss_kib", "pipeline_pss_kib")
+    return {k: stat(k) for k in keys} | {
+        "lag_records": stat("lag_records"),
+        # The trend of the second half of the run (after the start-up catch-up and warm-up).
+        "second_half_mib_per_min": {
+            k: slope_mib_per_min(samples[len(samples) // 2 :], k)
+            for k in ("edge_rss_kib", "pipeline_pss_kib")
+        },
+    }
+
+
+def slope_mib_per_min(samples: list[dict[str, Any]], key: str) -> float | None:
+    """The least-squares slope of ``key`` (KiB) over time, in MiB per minute."""
+    points = [(s["t_s"], s[key]) for s in samples if s.get(key) is not None]
+    if len(points) < 2:
+        return None
+    slope = statistics.linear_regression(*zip(*points, strict=True)).slope  # KiB per second
+    return round(slope * 60 / 1024, 2)
 
 
 def main(argv: list[str] | None = None) -> int:

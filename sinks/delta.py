@@ -179,7 +179,9 @@ class DeltaTableWriter:
                     done,
                 )
                 return None
+            began = time.monotonic()
             files = txn.writeFiles(conformed._jdf)
+            wrote = time.monotonic()
             written = _rows_in(files)
             if written == 0:
                 return 0
@@ -201,11 +203,14 @@ class DeltaTableWriter:
             ) from exc
         self._committed = (version, batch_id)
         logger.info(
-            "%s: batch %d of %s committed as version %d",
+            "%s: batch %d of %s committed as version %d (%s rows; files %.2f s, commit %.2f s)",
             self._path,
             batch_id,
             self._app_id,
             version,
+            written,
+            wrote - began,
+            time.monotonic() - wrote,
         )
         return written
 

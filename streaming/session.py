@@ -127,6 +127,13 @@ def build_spark(settings: PipelineSettings) -> SparkSession:
         SparkSession.builder.master(settings.master)
         .appName(APP_NAME)
         .config("spark.driver.memory", settings.driver_memory)
+        # The whole heap from the start, touched once: a long-running pipeline's memory is the
+        # size it was given, not a curve that climbs for minutes while the heap grows into its
+        # maximum (BENCHMARKS.md, issue 9's soak). Spark sets -Xmx from driver_memory.
+        .config(
+            "spark.driver.extraJavaOptions",
+            f"-Xms{settings.driver_memory} -XX:+AlwaysPreTouch",
+        )
         .config("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,6 +75,12 @@ class PipelineSettings:
             raise PipelineConfigError(f"pipeline.edges: an edge is listed twice: {self.edges}")
         if not self.master:
             raise PipelineConfigError("pipeline.master: must not be empty")
+        if not re.fullmatch(r"[1-9][0-9]*[kmgt]", self.driver_memory, re.IGNORECASE):
+            # The JVM's own syntax: it becomes the heap's -Xmx and -Xms (streaming.session).
+            raise PipelineConfigError(
+                "pipeline.driver_memory: must be a whole number with a unit k, m, g or t "
+                f'(e.g. "2g"), got {self.driver_memory!r}'
+            )
         if self.metrics_listen:
             host, sep, port = self.metrics_listen.rpartition(":")
             if not sep or not host.strip("[]") or not port.isdigit() or int(port) > 65_535:

@@ -69,6 +69,7 @@ def test_bad_edge_settings_name_the_key(tmp_path: Path, text: str, message: str)
         ("[pipeline]\nedges = 'h:1'\n", "pipeline.edges: must be a list of strings"),
         ("[pipeline]\nedges = ['h']\n", 'pipeline.edges: each edge is "HOST:PORT"'),
         ("[pipeline]\nedges = ['h:1', 'h:1']\n", "pipeline.edges: an edge is listed twice"),
+        ("[pipeline]\ndriver_memory = '2gb'\n", "pipeline.driver_memory: must be a whole number"),
         ("[pipeline]\nlake = 'gs://b/lake'\n", "lake: 'gs://b/lake': unsupported scheme 'gs'"),
         ("[pipeline]\nlake = 's3:///lake'\n", "lake: 's3:///lake': no bucket"),
         ("[lake]\nendpoint = 'http://127.0.0.1:9000'\n", r"lake.endpoint: unknown key \(known:"),
