@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -479,4 +480,42 @@ def test_a_changed_tenants_file_counts_from_the_next_request(lake: Path, tmp_pat
             assert ok(http.get("/logs", headers=late))["tenant"] == "acme"
     finally:
         code, err = api.stop()
+    assert code == 0, err
+
+
+def test_requests_while_the_pipeline_commits(tmp_path: Path, tenants: Path) -> None:
+    """Readers in parallel with commits (the tables stay open and catch up per request): every
+    answer is 200, and the newest commit is seen once it is made."""
+    root = tmp_path / "lake"
+    writer = DeltaBatchWriter(root / "logs", "edgebus.logs", LOGS_SCHEMA, LOGS_PARTITION_BY)
+    writer.write(0, pa.Table.from_pylist(LOGS, schema=LOGS_SCHEMA))
+    api = ApiProcess(root, tenants)
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def read() -> None:
+        with httpx.Client(base_url=api.url, timeout=TIMEOUT, headers=ACME) as http:
+            while not stop.is_set():
+                response = http.get("/logs", params={"limit": 3})
+                if response.status_code != 200:
+                    failures.append(response.text)
+
+    readers = [threading.Thread(target=read) for _ in range(4)]
+    try:
+        for thread in readers:
+            thread.start()
+        later = SAME_TS + dt.timedelta(days=3)
+        for batch in range(1, 16):
+            event = log_row("acme", later + dt.timedelta(seconds=batch), "edge-z", batch)
+            writer.write(batch, pa.Table.from_pylist([event], schema=LOGS_SCHEMA))
+        stop.set()
+        for thread in readers:
+            thread.join(TIMEOUT)
+        with httpx.Client(base_url=api.url, timeout=TIMEOUT, headers=ACME) as http:
+            newest = ok(http.get("/logs", params={"limit": 1}))["rows"][0]
+        assert (newest["node"], newest["seq"]) == ("edge-z", 15)
+    finally:
+        stop.set()
+        code, err = api.stop()
+    assert not failures, failures[:3]
     assert code == 0, err
