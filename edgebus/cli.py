@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from broker_edge.errors import ConfigError
-from edgebus import logs_cli, quality_cli, sql_cli, usage_cli
+from edgebus import lake_command, logs_cli, quality_cli, sql_cli, usage_cli
 from edgebus.settings import SettingsError, load_edge, load_pipeline
 from schemas import operator_token
 from schemas.operator_token import OperatorTokenError
@@ -63,6 +63,13 @@ def _parser() -> argparse.ArgumentParser:
     _pipeline_args(pipe)
     pipe.add_argument("--once", action="store_true", help="process what is there, then exit")
     pipe.add_argument(
+        "--metrics",
+        type=_host_port,
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (port 0: any free port, "
+        "printed; overrides [pipeline] metrics_listen)",
+    )
+    pipe.add_argument(
         "--tenants", type=Path, help="TOML tenants file: the limits the quota step enforces"
     )
     pipe.add_argument(
@@ -97,6 +104,25 @@ def _parser() -> argparse.ArgumentParser:
         "What the pipeline does every maintenance_interval_seconds.",
     )
     _pipeline_args(maintain)
+    api = sub.add_parser(
+        "api",
+        help="serve the lake over HTTP: logs, messages, usage and quota per tenant (REST)",
+        description="Serve the lake's tables over HTTP (a REST API; OpenAPI at /openapi.json): "
+        "GET /logs, /messages, /usage and /quota for one tenant, with the tenants file's tokens "
+        "as bearer tokens (the operator token names the tenant with ?tenant=). SIGTERM or "
+        "Ctrl-C stops it.",
+    )
+    lake_command.add_lake_arguments(api, tenant_help=None)
+    api.add_argument(
+        "--tenants", type=Path, required=True, help="TOML tenants file: the tokens it accepts"
+    )
+    api.add_argument(
+        "--listen",
+        type=_host_port,
+        default=("127.0.0.1", 8080),
+        metavar="HOST:PORT",
+        help="where to serve (default 127.0.0.1:8080; port 0: any free port, printed)",
+    )
     logs_cli.add_parser(sub)
     quality_cli.add_parser(sub)
     sql_cli.add_parser(sub)
@@ -135,6 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return sql_cli.run(args)
         if args.command == "maintain":
             return _maintain(args)
+        if args.command == "api":
+            return _api(args)
         return _run(args)
     except SettingsError as exc:
         print(f"edgebus: bad settings: {exc}", file=sys.stderr)
@@ -210,7 +238,10 @@ def _pipeline_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _pipeline(args: argparse.Namespace) -> int:
-    settings = load_pipeline(args.config, _pipeline_overrides(args))
+    overrides = _pipeline_overrides(args)
+    if args.metrics:
+        overrides["metrics_listen"] = _join_host_port(args.metrics)
+    settings = load_pipeline(args.config, overrides)
     if args.edge:
         added = [_join_host_port(edge) for edge in args.edge]
         edges = tuple(dict.fromkeys([*settings.edges, *added]))
@@ -269,7 +300,6 @@ def _pipeline(args: argparse.Namespace) -> int:
                 "and get no journal notices unless listed with --broker",
                 ", ".join(settings.edges),
             )
-    from streaming import pipeline
     from streaming.session import delta_jars
 
     try:
@@ -281,10 +311,68 @@ def _pipeline(args: argparse.Namespace) -> int:
         return 2
     if stop.is_set():
         return 0  # stopped before Spark started
-    pipeline.run(
+    return _run_pipeline(
         settings, once=args.once, stop=stop, quota=quota, notices=notices, edge_token=edge_token
     )
+
+
+def _run_pipeline(settings: Any, **run_args: Any) -> int:
+    """Run the pipeline with ``run_args``, its metrics served when the settings ask for them."""
+    from streaming import pipeline
+
+    if settings.metrics_address is None:
+        pipeline.run(settings, **run_args)
+        return 0
+    from streaming.metrics import PipelineMetrics
+
+    metrics = PipelineMetrics(settings, edge_token=run_args.get("edge_token"))
+    try:
+        server = _serve_metrics(metrics, *settings.metrics_address)
+    except OSError as exc:
+        where = settings.metrics_listen
+        print(f"edgebus: cannot serve metrics on {where}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        pipeline.run(settings, metrics=metrics, **run_args)
+    finally:
+        server.shutdown()
+        server.server_close()
     return 0
+
+
+def _serve_metrics(metrics: Any, host: str, port: int) -> Any:
+    """Serve ``metrics`` at http://HOST:PORT/metrics from a thread (before Spark starts, so a
+    scrape during start-up already shows each node's lag); the server, to shut down."""
+    from prometheus_client import start_http_server
+
+    server, _ = start_http_server(port, addr=host, registry=metrics.registry)
+    bound = server.server_address[1]
+    print(
+        f"edgebus pipeline metrics on http://{_join_host_port((host, bound))}/metrics", flush=True
+    )
+    return server
+
+
+def _api(args: argparse.Namespace) -> int:
+    """``edgebus api``: refuse a bad tenants file or a directory that is no lake, then serve."""
+    from edgebus import api
+
+    try:
+        lake_command.lake_tables(args.lake)
+        app = api.create_app(args.lake, args.tenants)
+    except lake_command.CommandError as exc:
+        return lake_command.fail("api", exc)
+    except ConfigError as exc:
+        print(f"edgebus: bad tenants file: {exc}", file=sys.stderr)
+        return 2
+    host, port = args.listen
+    try:
+        return api.serve(app, host, port)
+    except OSError as exc:  # the port is taken, the host is not this machine's
+        print(
+            f"edgebus api: cannot listen on {_join_host_port(args.listen)}: {exc}", file=sys.stderr
+        )
+        return 2
 
 
 def _maintain(args: argparse.Namespace) -> int:

@@ -1,16 +1,9 @@
 """What ``edgebus logs`` asks of the ``logs`` table: filters, order, a cursor, and the SQL.
 
 One DataFusion query through delta-rs (``deltalake.QueryBuilder``, never
-``DeltaTable.to_pyarrow_*``, which can abort the interpreter at exit). Its condition names the
-partition columns, ``tenant = ...`` and ``date`` bounds derived from ``--since``/``--until`` and
-from the cursor, so delta-rs opens only the files of the matching partitions (``ts`` bounds then
-prune more by file statistics); ``ORDER BY ... LIMIT`` lets DataFusion keep just the first rows
-(a top-k) instead of sorting them all.
-
-Order and cursor: rows are ordered by ``(ts, node, seq)``, newest first unless oldest first.
-``(node, seq)`` is unique (a journal record's identity), so the triple orders every row: a page
-ends at a row, and its :class:`Cursor` says exactly which rows come after it, also when many
-events share a timestamp.
+``DeltaTable.to_pyarrow_*``, which can abort the interpreter at exit), paged as every reader of
+journal records pages (:mod:`edgebus.page`: the partition bounds, the ``(ts, node, seq)`` order
+and its cursor). ``edgebus logs`` and the REST API's ``GET /logs`` both run it.
 
 ``--where`` on the ``details`` JSON: DataFusion here has no JSON functions, so the SQL keeps the
 rows whose text contains what a match must contain (the key in quotes; ``false``, ``true`` or
@@ -20,17 +13,20 @@ candidates are read after each other (with the cursor) until ``limit`` rows matc
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, date, datetime, timedelta
+from datetime import datetime
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from edgebus import lake_command
-from edgebus.lake_command import CommandError, sql_date, sql_string, sql_timestamp
+from edgebus.lake_command import CommandError, iso, sql_string
+from edgebus.page import ORDER_COLUMNS as ORDER_COLUMNS  # noqa: PLC0414 (re-exported)
+from edgebus.page import Cursor as Cursor  # noqa: PLC0414 (re-exported)
+from edgebus.page import Page, fetch_by_days
+from edgebus.page import ts_us as ts_us  # noqa: PLC0414 (re-exported)
 
 # The edges' event types from the pure-Python declaration: schemas.payloads would import pyarrow,
 # 0.15 s of a command's start-up.
@@ -61,54 +57,8 @@ COLUMNS = (
     "invalid_reason",
     "raw",
 )
-ORDER_COLUMNS = ("ts", "node", "seq")
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICROSECOND = timedelta(microseconds=1)
 # A key that the JSON writers (json.dumps, orjson) put between quotes as it is.
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_. -]+")
-
-
-def ts_us(when: datetime) -> int:
-    return (when - _EPOCH) // _MICROSECOND
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class Cursor:
-    """A row's place in the order: ``(ts, node, seq)``, opaque to users (URL-safe base64)."""
-
-    ts_us: int
-    node: str
-    seq: int
-
-    @classmethod
-    def of(cls, row: dict[str, Any]) -> Cursor:
-        return cls(ts_us(row["ts"]), row["node"], row["seq"])
-
-    def encode(self) -> str:
-        text = json.dumps([self.ts_us, self.node, self.seq], separators=(",", ":"))
-        return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
-
-    @classmethod
-    def decode(cls, text: str) -> Cursor:
-        """A cursor printed by ``edgebus logs``, or exit 2."""
-        try:
-            raw = base64.urlsafe_b64decode(text.strip() + "=" * (-len(text.strip()) % 4))
-            ts, node, seq = json.loads(raw)
-            cursor = cls(ts, node, seq)
-            valid = type(ts) is int and isinstance(node, str) and type(seq) is int
-            valid = valid and lake_command.EARLIEST <= cursor.ts() < lake_command.LATEST
-        except (ValueError, TypeError, binascii.Error, OverflowError):
-            valid = False
-        if not valid:
-            raise CommandError(
-                f'--after {text!r} is not a cursor: give the "cursor" of a row printed by '
-                "edgebus logs --format json",
-                exit_code=2,
-            )
-        return cursor
-
-    def ts(self) -> datetime:
-        return _EPOCH + self.ts_us * _MICROSECOND
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +115,24 @@ def same_json(found: Any, wanted: Any) -> bool:
     return type(found) is type(wanted) and bool(found == wanted)
 
 
+def event_doc(row: dict[str, Any]) -> dict[str, Any]:
+    """One row of every column as JSON: ``details`` as the object itself, ``raw`` and
+    ``invalid_reason`` only for a row whose payload broke its contract, and its cursor."""
+    doc = {name: row[name] for name in COLUMNS if name not in ("raw", "invalid_reason")}
+    doc["ts"] = iso(row["ts"])
+    if row["details"] is not None:
+        doc["details"] = json.loads(row["details"])
+    if not row["payload_valid"]:
+        doc["invalid_reason"] = row["invalid_reason"]
+        doc["raw"] = raw_text(row["raw"])
+    doc["cursor"] = Cursor.of(row).encode()
+    return doc
+
+
+def raw_text(raw: bytes | None) -> str:
+    return "" if raw is None else raw.decode("utf-8", "backslashreplace")
+
+
 def details_of(row: dict[str, Any]) -> dict[str, Any] | None:
     text = row.get("details")
     if text is None:
@@ -194,28 +162,12 @@ class LogQuery:
     limit: int = DEFAULT_LIMIT
     columns: tuple[str, ...] = field(default=COLUMNS)
 
+    def page(self) -> Page:
+        return Page(self.tenant, self.since, self.until, self.after, self.oldest_first)
+
     def conditions(self) -> list[str]:
-        """The SQL conditions of the filters, the cursor included."""
-        where = [f"tenant = {sql_string(self.tenant)}"]
-        # The partition column bounds: they are what lets delta-rs skip other days' files.
-        first_day = self.since.date() if self.since else None
-        # --until is exclusive: an until at midnight does not need that day's partition.
-        last_day = (self.until - _MICROSECOND).date() if self.until else None
-        if self.after is not None:
-            if self.oldest_first:
-                first_day = max(first_day or date.min, self.after.ts().date())
-            else:
-                last_day = min(last_day or date.max, self.after.ts().date())
-        if first_day and last_day:
-            where.append(f"date BETWEEN {sql_date(first_day)} AND {sql_date(last_day)}")
-        elif first_day:
-            where.append(f"date >= {sql_date(first_day)}")
-        elif last_day:
-            where.append(f"date <= {sql_date(last_day)}")
-        if self.since:
-            where.append(f"ts >= {sql_timestamp(self.since)}")
-        if self.until:
-            where.append(f"ts < {sql_timestamp(self.until)}")
+        """The SQL conditions of the filters, the time range and the cursor included."""
+        where = self.page().conditions()
         for column, values in (
             ("event_type", self.event_types),
             ("client_id", self.client_ids),
@@ -226,35 +178,15 @@ class LogQuery:
                 where.append(f"{column} IN ({', '.join(sql_string(v) for v in values)})")
         for match in self.where:
             where.extend(match.candidates_sql())
-        if self.after is not None:
-            where.extend(self._after_sql(self.after))
         return where
 
-    def _after_sql(self, cursor: Cursor) -> list[str]:
-        """The rows after ``cursor`` in this order: a lexicographic comparison of the triple,
-        plus a plain ``ts`` bound that file statistics can prune with."""
-        op, bound = (">", ">=") if self.oldest_first else ("<", "<=")
-        ts, node = sql_timestamp(cursor.ts()), sql_string(cursor.node)
-        return [
-            f"ts {bound} {ts}",
-            f"(ts {op} {ts} OR (ts = {ts} AND (node {op} {node} OR "
-            f"(node = {node} AND seq {op} {cursor.seq}))))",
-        ]
-
     def order_sql(self) -> str:
-        direction = "ASC" if self.oldest_first else "DESC"
-        return ", ".join(f"{column} {direction}" for column in ORDER_COLUMNS)
+        return self.page().order_sql()
 
     def sql(self, limit: int | None = None) -> str:
         """The rows' query over the table registered as :data:`QUERY_TABLE`."""
-        needed = [*self.columns, *ORDER_COLUMNS, *(["details"] if self.where else [])]
-        columns = ", ".join(f'"{name}"' for name in dict.fromkeys(needed))
-        limit_sql = "" if limit is None else f" LIMIT {limit}"
-        # Every value is a quoted literal or a formatted date/time: no injection.
-        return (
-            f"SELECT {columns} FROM {QUERY_TABLE} "  # noqa: S608
-            f"WHERE {' AND '.join(self.conditions())} ORDER BY {self.order_sql()}{limit_sql}"
-        )
+        columns = [*self.columns, *(["details"] if self.where else [])]
+        return self.page().sql(QUERY_TABLE, columns, self.conditions(), limit)
 
     def count_sql(self) -> str:
         """Totals per event type (the candidates' event types and details, with --where)."""
@@ -276,6 +208,10 @@ class LogQuery:
 
 def fetch(delta: DeltaTable, query: LogQuery) -> list[dict[str, Any]]:
     """The first ``query.limit`` matching rows in the query's order."""
+    return fetch_by_days(delta, query, partial(_fetch, delta))
+
+
+def _fetch(delta: DeltaTable, query: LogQuery) -> list[dict[str, Any]]:
     if not query.where:
         return lake_command.query(delta, QUERY_TABLE, query.sql(query.limit))
     found: list[dict[str, Any]] = []

@@ -319,19 +319,11 @@ class Output:
 
     def _doc(self, row: dict[str, Any]) -> dict[str, Any]:
         """One row as JSON: ``details`` as the object itself, and its cursor."""
+        if self.fields is None:
+            return log_query.event_doc(row)
         cursor = Cursor.of(row).encode()
-        if self.fields is not None:
-            doc = {name: self._value(row, name, cursor) for name in self.fields}
-            doc.setdefault(CURSOR, cursor)
-            return doc
-        doc = {name: row[name] for name in COLUMNS if name not in ("raw", "invalid_reason")}
-        doc["ts"] = iso(row["ts"])
-        if row["details"] is not None:
-            doc["details"] = json.loads(row["details"])
-        if not row["payload_valid"]:
-            doc["invalid_reason"] = row["invalid_reason"]
-            doc["raw"] = _raw_text(row["raw"])
-        doc[CURSOR] = cursor
+        doc = {name: self._value(row, name, cursor) for name in self.fields}
+        doc.setdefault(CURSOR, cursor)
         return doc
 
     @staticmethod
@@ -349,7 +341,7 @@ class Output:
         if name == "details" and value is not None:
             return json.loads(value)
         if name == "raw":
-            return None if value is None else _raw_text(value)
+            return None if value is None else log_query.raw_text(value)
         return value
 
     def _table(self, rows: Sequence[dict[str, Any]], out: TextIO) -> None:
@@ -381,7 +373,7 @@ def _default_cells(row: dict[str, Any]) -> tuple[str, str, str, str, str]:
     if row["payload_valid"]:
         details = row["details"] or ""
     else:
-        details = f"INVALID ({row['invalid_reason']}): {_raw_text(row['raw'])}"
+        details = f"INVALID ({row['invalid_reason']}): {log_query.raw_text(row['raw'])}"
     return (
         iso(row["ts"], "milliseconds"),
         row["event_type"] or "-",
@@ -389,10 +381,6 @@ def _default_cells(row: dict[str, Any]) -> tuple[str, str, str, str, str]:
         row["node"],
         _truncate(_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", details), DETAILS_WIDTH),
     )
-
-
-def _raw_text(raw: bytes | None) -> str:
-    return "" if raw is None else raw.decode("utf-8", "backslashreplace")
 
 
 def _truncate(text: str, width: int) -> str:

@@ -3,15 +3,7 @@
 Hooked into ``edgebus`` with :func:`add_parser` and :func:`run`; ``python -m edgebus.usage_cli``
 runs it alone (:func:`main`). What users see is :data:`DESCRIPTION`.
 
-Two reads through delta-rs (see :mod:`edgebus.lake_command`), each naming the partition
-columns so only the tenant's files are opened:
-
-- ``usage`` (``tenant = T AND date = D``): per metric the day's last one-minute window, whose
-  ``day_value`` is the running day total (a gauge's: the day's peak) through that minute.
-- ``quota_events`` (``tenant = T AND date <= D``): per quota metric the latest recorded state
-  (:func:`streaming.quota.load_recorded`). A state holds until the next change, which may be
-  days old, so earlier days count; the day's usage of the counter that measures it is shown
-  beside it.
+The reads (shared with the REST API's ``GET /usage``) are :mod:`edgebus.usage_query`.
 """
 
 from __future__ import annotations
@@ -20,19 +12,14 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from functools import partial
 from typing import Any, TextIO
 
 from edgebus import lake_command
-from edgebus.lake_command import CommandError, iso, open_table, sql_date, sql_string
-from sinks.storage import LakePath
+from edgebus.lake_command import CommandError, iso
+from edgebus.usage_query import TenantUsage, UsageQuery, read_usage, usage_doc
 
-TABLE = "usage"
-QUOTA_TABLE = "quota_events"
-# The name the usage table is registered under in UsageQuery.usage_sql.
-QUERY_TABLE = "usage"
 DESCRIPTION = """\
 Show a tenant's usage counters for one UTC day (today unless --date) from the lake's Delta
 table "usage", and its quota state from "quota_events".
@@ -85,91 +72,6 @@ def add_parser(
     )
 
 
-@dataclass(frozen=True, slots=True)
-class UsageQuery:
-    """One tenant and UTC day."""
-
-    tenant: str
-    day: date
-
-    def usage_sql(self) -> str:
-        """Per metric the day's last window, over the table registered as :data:`QUERY_TABLE`."""
-        columns = "metric, kind, window_start, window_end, value, day_value"
-        # Every value is a quoted literal or a formatted date: no injection.
-        return (
-            f"SELECT {columns} FROM ("  # noqa: S608
-            f" SELECT {columns}, row_number() OVER"
-            "  (PARTITION BY metric ORDER BY window_start DESC) AS newest"
-            f" FROM {QUERY_TABLE} WHERE {self.partitions('=')}"
-            ") WHERE newest = 1 ORDER BY metric"
-        )
-
-    def quota_where(self) -> str:
-        """The ``quota_events`` rows that can hold the state at the end of the day."""
-        return self.partitions("<=")
-
-    def partitions(self, date_op: str) -> str:
-        return f"tenant = {sql_string(self.tenant)} AND date {date_op} {sql_date(self.day)}"
-
-
-@dataclass(frozen=True, slots=True)
-class TenantUsage:
-    """What the command shows: counter rows and quota rows (``usage``: the day's usage of the
-    measuring counter; ``value``: the usage when the state was decided)."""
-
-    tenant: str
-    day: date
-    counters: list[dict[str, Any]] = field(default_factory=list)
-    quota: list[dict[str, Any]] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-
-def read_usage(lake: LakePath, query: UsageQuery) -> TenantUsage:
-    """The tenant's counters and quota state, or :class:`CommandError`; ``notes`` say what is
-    missing (no table yet, nothing for this tenant)."""
-    from streaming.quota import QUOTA_METRICS, load_recorded
-
-    result = TenantUsage(query.tenant, query.day)
-    usage = open_table(lake, TABLE)  # also: no lake at all is an error
-    if usage is None:
-        result.notes.append(
-            f"no {TABLE} table in {lake} yet: the pipeline creates {lake / TABLE} with the "
-            "first counters it processes"
-        )
-    else:
-        result.counters.extend(lake_command.query(usage, QUERY_TABLE, query.usage_sql()))
-        if not result.counters:
-            result.notes.append(
-                f"no counters for tenant {query.tenant!r} on {query.day} "
-                "(an unknown tenant, or nothing counted that day)"
-            )
-    try:
-        recorded = load_recorded(lake / QUOTA_TABLE, query.quota_where())
-    # DeltaSinkError, or DataFusion's plain Exception for a missing or corrupt data file.
-    except Exception as exc:
-        raise CommandError(f"cannot read {lake / QUOTA_TABLE}: {exc}", exit_code=1) from exc
-    day_totals = {row["metric"]: row["day_value"] for row in result.counters}
-    rank = {metric: i for i, metric in enumerate(QUOTA_METRICS)}
-    for event in sorted(recorded.values(), key=lambda e: (rank.get(e.metric, len(rank)), e.metric)):
-        result.quota.append(
-            {
-                "metric": event.metric,
-                "state": event.state,
-                "limit": event.limit,
-                "usage": day_totals.get(QUOTA_METRICS.get(event.metric, ""), 0),
-                "value": event.value,
-                "decided_at": event.decided_at,
-                "batch_id": event.batch_id,
-            }
-        )
-    if not recorded:
-        result.notes.append(
-            f"no quota decisions recorded for tenant {query.tenant!r} up to {query.day} "
-            "(no limit reached: ok)"
-        )
-    return result
-
-
 def run(args: argparse.Namespace, *, now: datetime | None = None) -> int:
     """Run ``edgebus usage`` with parsed ``args``; the exit code."""
     day = args.date or (now if now is not None else datetime.now(UTC)).astimezone(UTC).date()
@@ -187,24 +89,7 @@ def run(args: argparse.Namespace, *, now: datetime | None = None) -> int:
 
 
 def write_json(result: TenantUsage, out: TextIO) -> None:
-    """One JSON object: tenant, date, counters and quota (times ISO 8601 UTC)."""
-    doc = {
-        "tenant": result.tenant,
-        "date": result.day.isoformat(),
-        "counters": [
-            {
-                "metric": row["metric"],
-                "kind": row["kind"],
-                "day_total": row["day_value"],
-                "last_window_start": iso(row["window_start"]),
-                "last_window_end": iso(row["window_end"]),
-                "last_value": row["value"],
-            }
-            for row in result.counters
-        ],
-        "quota": [{**row, "decided_at": iso(row["decided_at"])} for row in result.quota],
-    }
-    out.write(json.dumps(doc) + "\n")
+    out.write(json.dumps(usage_doc(result)) + "\n")
 
 
 def write_table(result: TenantUsage, out: TextIO) -> None:

@@ -55,7 +55,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -231,10 +231,8 @@ class EdgebusStreamReader(DataSourceStreamReader):
         return dict.fromkeys(list_nodes(self._options.journal_root), 0)
 
     def latestOffset(self) -> Offset:  # noqa: N802 (Spark API)
-        from ingest.journal import list_nodes
-
         planned = self._planned_end()
-        available = {node: self._journal(node).last_seq() for node in list_nodes(self._root)}
+        available = local_ends(self._root, self._journal)
         oldest = {node: self._journal(node).first_seq() for node in available}
         where = {node: str(self._root / node) for node in available}
         for remote in self._edge_ranges(set(available)):
@@ -372,6 +370,16 @@ class EdgebusStreamReader(DataSourceStreamReader):
             return
         journal = JournalReader(self._root / partition.node)
         yield from journal.read(partition.after_seq, partition.upto_seq)
+
+
+def local_ends(journal_root: Path, journal: Callable[[str], JournalReader]) -> Offset:
+    """The durable end (newest durable seq) of every node's journal under ``journal_root``:
+    what ``latestOffset`` plans up to before its cap, and what the pipeline's lag metrics
+    measure against. ``journal(node)`` gives the node's reader (kept: it scans frames
+    incrementally)."""
+    from ingest.journal import list_nodes
+
+    return {node: journal(node).last_seq() for node in list_nodes(journal_root)}
 
 
 def _check_not_removed(node: str, after: int, oldest: int | None, where: str) -> None:

@@ -48,7 +48,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
@@ -66,12 +66,16 @@ from streaming.history import messages_writer
 from streaming.job import check_checkpoint, journal_options, journal_stream, start_query
 from streaming.logs import logs_writer
 from streaming.maintenance import MaintenanceSchedule, spark_maintainer
+from streaming.metrics import PipelineMetrics
 from streaming.quality import QualitySchedule
 from streaming.quota_settings import NoticeSettings, QuotaSettings
 from streaming.schedule import IntervalSchedule
 from streaming.session import build_spark, use_lake
 from streaming.settings import PipelineSettings
 from streaming.usage import UsageStep
+
+if TYPE_CHECKING:
+    from streaming.quota import QuotaEvent
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +101,9 @@ class TableFanout:
         quota: QuotaSettings | None,
         notices: NoticeSettings | None = None,
         edge_token: str | None = None,
+        metrics: PipelineMetrics | None = None,
     ) -> None:
+        self.metrics = metrics
         self._checkpoint = settings.checkpoint_path(JOB)
         self._commits = self._checkpoint / "commits"
         # The journal source's options, for a batch's second read (its other tables' rows).
@@ -144,15 +150,19 @@ class TableFanout:
         counts = {route.MESSAGES: written}
         lap(route.MESSAGES)
         if written is not None and written >= records:
-            self.usage(batch.sparkSession, batch_id, None)
+            decided = self.usage(batch.sparkSession, batch_id, None)
         else:  # other rows, or a replay: every other table from a second read of the range
-            counts |= self._others(batch.sparkSession, batch_id, start, end, lap)
+            others, decided = self._others(batch.sparkSession, batch_id, start, end, lap)
+            counts |= others
         logger.info(
             "batch %d: %s rows; %s",
             batch_id,
             counts,
             ", ".join(f"{step} {seconds:.2f} s" for step, seconds in timings.items()),
         )
+        if self.metrics is not None:
+            self.metrics.batch_done(counts, timings, ends)
+            self.metrics.quota_decided(decided)
         self.batch_ended(batch_id, ends)
 
     def _others(
@@ -162,9 +172,10 @@ class TableFanout:
         start: Offset,
         end: Offset,
         lap: Callable[[str], None],
-    ) -> dict[str, int]:
+    ) -> tuple[dict[str, int], list[QuotaEvent]]:
         """Every table but ``messages`` from the batch's range read again, where only their
-        rows cross to the JVM (persisted: several tables take their share)."""
+        rows cross to the JVM (persisted: several tables take their share). Their row counts,
+        and the quota decisions the usage step made."""
         others = route.read_others(spark, self._journals, start, end)
         others = others.persist(StorageLevel.MEMORY_AND_DISK)
         try:
@@ -177,14 +188,14 @@ class TableFanout:
                 self.appends[route.LOGS].append(batch_id, _share(others, route.LOGS))
                 lap(route.LOGS)
             counters = _share(others, route.COUNTERS) if counts.get(route.COUNTERS) else None
-            self.usage(spark, batch_id, counters)
+            decided = self.usage(spark, batch_id, counters)
             lap("usage")
             if counts.get(route.QUARANTINE):
                 self.quarantine.append(batch_id, _share(others, route.QUARANTINE))
                 lap(route.QUARANTINE)
         finally:
             others.unpersist()
-        return counts
+        return counts, decided
 
     def batch_ended(self, batch_id: int, ends: dict[str, int]) -> None:
         """Batch ``batch_id`` is in every table, with each node's last seq in ``ends``: its
@@ -254,10 +265,11 @@ def _start(
     quota: QuotaSettings | None,
     notices: NoticeSettings | None = None,
     edge_token: str | None = None,
+    metrics: PipelineMetrics | None = None,
 ) -> tuple[StreamingQuery, TableFanout]:
     use_lake(spark, settings.lake)  # a caller's own session too
     checkpoint = settings.checkpoint_path(JOB)
-    fanout = TableFanout(settings, quota, notices, edge_token)
+    fanout = TableFanout(settings, quota, notices, edge_token, metrics)
     for writer in fanout.writers:
         check_checkpoint(checkpoint, writer)
     query = start_query(
@@ -287,6 +299,7 @@ def run(
     quota: QuotaSettings | None = None,
     notices: NoticeSettings | None = None,
     edge_token: str | None = None,
+    metrics: PipelineMetrics | None = None,
 ) -> None:
     """Run the journal query (with the quota step when ``quota`` is given).
 
@@ -298,19 +311,23 @@ def run(
     ``maintenance_interval_seconds``) in background threads. The session is built from
     ``settings`` and stopped at the end, unless the caller passes its own ``spark`` (then the
     caller owns and stops it). ``edge_token``: the bearer token for ``settings.edges``.
+    ``metrics``: counted once per batch and per quality run (:mod:`streaming.metrics`; the
+    caller serves them).
     """
     session = spark if spark is not None else build_spark(settings)
     query: StreamingQuery | None = None
     fanout: TableFanout | None = None
     schedules: list[IntervalSchedule] = []
     try:
-        query, fanout = _start(session, settings, quota, notices, edge_token)
+        query, fanout = _start(session, settings, quota, notices, edge_token, metrics)
         if once:
             query.processAllAvailable()
             logger.info("%s: caught up", query.name)
         else:
             schedules = [
-                QualitySchedule.from_settings(session, settings),
+                QualitySchedule.from_settings(
+                    session, settings, on_results=metrics.quality_ran if metrics else None
+                ),
                 MaintenanceSchedule(settings, spark_maintainer(session)),
             ]
             _wait(query, stop if stop is not None else threading.Event(), schedules)

@@ -329,24 +329,34 @@ class QualitySchedule(IntervalSchedule):
         *,
         run: RunQuality,
         clock: Callable[[], datetime] = _utc_now,
+        on_results: Callable[[Sequence[QualityResult]], None] | None = None,
     ) -> None:
         super().__init__("quality", interval_seconds)
         self._lake = lake
         self._run = run
         self._clock = clock
+        self._on_results = on_results
 
     @classmethod
-    def from_settings(cls, spark: SparkSession, settings: PipelineSettings) -> QualitySchedule:
+    def from_settings(
+        cls,
+        spark: SparkSession,
+        settings: PipelineSettings,
+        on_results: Callable[[Sequence[QualityResult]], None] | None = None,
+    ) -> QualitySchedule:
         """The pipeline's schedule. Runs use a session of their own (same SparkContext), so
         their SQL settings never mix with the stream's (the usage merge sets Delta's
-        txnAppId/txnVersion on the stream's session)."""
+        txnAppId/txnVersion on the stream's session). ``on_results`` gets each run's results
+        (the metrics count them)."""
         run = functools.partial(run_quality, spark.newSession())
-        return cls(settings.lake, settings.quality_interval_seconds, run=run)
+        return cls(settings.lake, settings.quality_interval_seconds, run=run, on_results=on_results)
 
     def run_once(self) -> Sequence[QualityResult]:
         """One run now, in this thread; its results (logged, and in ``quality_results``)."""
         results = self._run(self._lake, now=self._clock())
         _log_summary(results)
+        if self._on_results is not None:
+            self._on_results(results)
         return results
 
 

@@ -200,12 +200,14 @@ class QuotaStep:
         self._day: date | None = None
         self._totals: dict[tuple[str, str], int] = {}
 
-    def run(self, spark: SparkSession, batch_id: int, committed: DayTotals) -> None:
-        """Decide batch ``batch_id``; ``committed``: the day totals its usage commit reported."""
+    def run(self, spark: SparkSession, batch_id: int, committed: DayTotals) -> list[QuotaEvent]:
+        """Decide batch ``batch_id``; ``committed``: the day totals its usage commit reported.
+        The decisions made (none for a replayed batch: they were made before)."""
         first = self._recorded is None
         recorded = self._recorded = load_recorded(self.events.location) if first else self._recorded
         assert recorded is not None
         republish = {tenant for tenant, _ in recorded} if first else set()
+        events: list[QuotaEvent] = []
         done = self.events.last_batch_id()
         if done is not None and done >= batch_id:
             # A replay: its decisions are recorded; send those again, decide nothing new.
@@ -240,6 +242,7 @@ class QuotaStep:
                 republish |= {event.tenant for event in events}
         messages = {control_topic(t): decisions(t, recorded) for t in sorted(republish)}
         self._publisher.publish(messages)  # errors are logged and retried next batch
+        return events
 
     def _current_limits(self) -> Mapping[str, TenantLimits]:
         try:

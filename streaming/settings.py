@@ -40,6 +40,9 @@ class PipelineSettings:
     maintenance_interval_seconds: float = 3600.0
     # ... and vacuum deletes files no version younger than this needs (Delta's default: 7 days).
     vacuum_retention_hours: float = 168.0
+    # "HOST:PORT" serving the pipeline's Prometheus metrics at /metrics ("": none; port 0: any
+    # free port). ``edgebus pipeline --metrics`` overrides it.
+    metrics_listen: str = ""
 
     def __post_init__(self) -> None:
         if self.max_records_per_batch < 1:
@@ -78,6 +81,21 @@ class PipelineSettings:
                 "pipeline.driver_memory: must be a whole number with a unit k, m, g or t "
                 f'(e.g. "2g"), got {self.driver_memory!r}'
             )
+        if self.metrics_listen:
+            host, sep, port = self.metrics_listen.rpartition(":")
+            if not sep or not host.strip("[]") or not port.isdigit() or int(port) > 65_535:
+                raise PipelineConfigError(
+                    'pipeline.metrics_listen: "HOST:PORT" (port 0..65535; "" for none), '
+                    f"got {self.metrics_listen!r}"
+                )
+
+    @property
+    def metrics_address(self) -> tuple[str, int] | None:
+        """``metrics_listen`` as (host, port), None when there is none."""
+        if not self.metrics_listen:
+            return None
+        host, _, port = self.metrics_listen.rpartition(":")
+        return host.strip("[]"), int(port)
 
     @property
     def journal_root(self) -> Path:

@@ -70,7 +70,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from sinks.mqtt import DecisionPublisher
-    from streaming.quota import QuotaStep
+    from streaming.quota import QuotaEvent, QuotaStep
 
 logger = logging.getLogger(__name__)
 
@@ -403,9 +403,13 @@ class UsageStep:
             writers.append(self.quota.events)
         self.writers = tuple(writers)
 
-    def __call__(self, spark: SparkSession, batch_id: int, counters: DataFrame | None) -> None:
+    def __call__(
+        self, spark: SparkSession, batch_id: int, counters: DataFrame | None
+    ) -> list[QuotaEvent]:
         """Batch ``batch_id``'s counter records (None: the batch has none) into ``usage``;
-        the quota step runs on every batch (a changed limit counts from the next batch)."""
+        the quota step runs on every batch (a changed limit counts from the next batch). The
+        quota decisions it made (none without the quota step, or on a replay)."""
         totals = self.usage.write(batch_id, counters) if counters is not None else {}
-        if self.quota is not None:
-            self.quota.run(spark, batch_id, totals)
+        if self.quota is None:
+            return []
+        return self.quota.run(spark, batch_id, totals)

@@ -9,8 +9,11 @@ never view types), the partitioning, and the batch id as the app transaction.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
@@ -52,3 +55,29 @@ class DeltaBatchWriter:
             ),
         )
         return True
+
+
+def log_row(
+    tenant: str,
+    ts: datetime,
+    node: str,
+    seq: int,
+    event_type: str = "connect",
+    client_id: str = "truck-1",
+) -> dict[str, Any]:
+    """One valid ``logs`` row (details ``{"clean": seq is even}``), as the logs step writes it."""
+    return {
+        "node": node,
+        "seq": seq,
+        "ts": ts,
+        "date": ts.date(),
+        "tenant": tenant,
+        "origin": "quota" if event_type.startswith("quota") else "mqtt",
+        "event_type": event_type,
+        "client_id": client_id,
+        "details": json.dumps({"clean": seq % 2 == 0}),
+        "time": ts.isoformat(),
+        "payload_valid": True,
+        "invalid_reason": None,
+        "raw": None,
+    }

@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, QueryBuilder
-from lake_fixture import DeltaBatchWriter
+from lake_fixture import DeltaBatchWriter, log_row
 from repeated_runs import outputs_of_repeated_runs
 
 from edgebus import logs_cli
@@ -29,21 +29,9 @@ def event(
     tenant: str, when: str, event_type: str, client_id: str, node: str, seq: int, **extra: Any
 ) -> dict[str, Any]:
     ts = dt.datetime.fromisoformat(when).replace(tzinfo=UTC)
-    row: dict[str, Any] = {
-        "node": node,
-        "seq": seq,
-        "ts": ts,
-        "date": ts.date(),
-        "tenant": tenant,
-        "origin": "quota" if event_type.startswith("quota") else "mqtt",
-        "event_type": event_type,
-        "client_id": client_id,
-        "details": json.dumps({"seq": seq}, separators=(",", ":")),
-        "time": ts.isoformat(timespec="milliseconds"),
-        "payload_valid": True,
-        "invalid_reason": None,
-        "raw": None,
-    }
+    row = log_row(tenant, ts, node, seq, event_type, client_id)
+    row["details"] = json.dumps({"seq": seq}, separators=(",", ":"))
+    row["time"] = ts.isoformat(timespec="milliseconds")
     row.update(extra)
     return row
 

@@ -17,7 +17,7 @@ from typing import IO, Any
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
-from lake_fixture import DeltaBatchWriter
+from lake_fixture import DeltaBatchWriter, log_row
 
 from schemas.tables import LOGS_PARTITION_BY, LOGS_SCHEMA
 
@@ -28,21 +28,7 @@ WAIT = 30.0  # seconds for a line that must come (polls are every 0.5 s)
 
 def event(seq: int, *, tenant: str = "acme", node: str = "edge-a", **extra: Any) -> dict[str, Any]:
     ts = extra.pop("ts", T0 + dt.timedelta(seconds=seq))
-    return {
-        "node": node,
-        "seq": seq,
-        "ts": ts,
-        "date": ts.date(),
-        "tenant": tenant,
-        "origin": "mqtt",
-        "event_type": extra.pop("event_type", "connect"),
-        "client_id": "truck-1",
-        "details": json.dumps({"clean": seq % 2 == 0}),
-        "time": ts.isoformat(),
-        "payload_valid": True,
-        "invalid_reason": None,
-        "raw": None,
-    }
+    return log_row(tenant, ts, node, seq, extra.pop("event_type", "connect"))
 
 
 class Lake:
