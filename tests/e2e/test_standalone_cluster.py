@@ -4,121 +4,23 @@ the driver (``spark.jars``) and write every table with Spark's Delta, exactly on
 
 from __future__ import annotations
 
-import contextlib
-import os
-import re
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import pyspark
 import pytest
 
-from ingest.journal import JournalWriter
-from sinks.delta import read_table
+# bench/ is a tool directory, not an installed package; make it importable however pytest runs.
+_ROOT = str(Path(__file__).resolve().parents[2])
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+from bench.cluster import standalone_cluster  # noqa: E402
+from ingest.journal import JournalWriter  # noqa: E402
+from sinks.delta import read_table  # noqa: E402
 
 pytestmark = pytest.mark.e2e
-
-SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
-MASTER_URL = re.compile(rb"Starting Spark master at (spark://127\.0\.0\.1:\d+)")
-
-
-def wait_for_line(log: Path, pattern: re.Pattern[bytes], process: subprocess.Popen[bytes]) -> bytes:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        found = pattern.search(log.read_bytes())
-        if found:
-            return found.group(1) if pattern.groups else found.group(0)
-        assert process.poll() is None, log.read_text()[-2000:]
-        time.sleep(0.2)  # the JVM writes its log; there is no event to await
-    raise AssertionError(f"no {pattern.pattern!r} in {log}")
-
-
-@dataclass
-class Cluster:
-    """A running standalone cluster: the master's URL and each worker's process."""
-
-    url: str
-    workers: list[subprocess.Popen[bytes]]
-
-    def kill_worker(self, index: int) -> None:
-        """SIGKILL worker ``index`` and the executors it started, as a lost machine would."""
-        worker = self.workers[index]
-        executors = [int(pid) for pid in _children(worker.pid) if b"Executor" in _cmdline(int(pid))]
-        worker.send_signal(signal.SIGKILL)
-        for pid in executors:
-            os.kill(pid, signal.SIGKILL)
-        worker.wait(30)
-
-
-def _children(pid: int) -> list[str]:
-    found: list[str] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        found += (task / "children").read_text().split()
-    return found
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
-
-
-@contextlib.contextmanager
-def standalone_cluster(tmp_path: Path, workers: int, cores: int) -> Iterator[Cluster]:
-    """A master and ``workers`` workers of ``cores`` cores each on 127.0.0.1, from the pyspark
-    installation (``spark-class``); stopped at the end."""
-    env = {
-        **os.environ,
-        "SPARK_HOME": str(SPARK_CLASS.parent.parent),
-        "SPARK_LOCAL_IP": "127.0.0.1",
-    }
-    common = ["--host", "127.0.0.1", "--port", "0", "--webui-port", "0"]
-    processes: list[subprocess.Popen[bytes]] = []
-    try:
-        master_log = tmp_path / "master.log"
-        with master_log.open("wb") as out:
-            master = subprocess.Popen(
-                [str(SPARK_CLASS), "org.apache.spark.deploy.master.Master", *common],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-            )
-        processes.append(master)
-        url = wait_for_line(master_log, MASTER_URL, master).decode()
-        started: list[subprocess.Popen[bytes]] = []
-        for index in range(workers):
-            worker_log = tmp_path / f"worker-{index}.log"
-            with worker_log.open("wb") as out:
-                worker = subprocess.Popen(
-                    [
-                        str(SPARK_CLASS),
-                        "org.apache.spark.deploy.worker.Worker",
-                        *common,
-                        *("--cores", str(cores), "--memory", "1g"),
-                        *("--work-dir", str(tmp_path / f"work-{index}")),
-                        url,
-                    ],
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                )
-            processes.append(worker)
-            started.append(worker)
-            registered = re.compile(rb"Successfully registered with master")
-            wait_for_line(worker_log, registered, worker)
-        yield Cluster(url, started)
-    finally:
-        for process in reversed(processes):
-            if process.poll() is None:
-                process.terminate()
-        for process in processes:
-            process.wait(timeout=60)
 
 
 @pytest.fixture

@@ -22,9 +22,15 @@ from edge_process import (  # noqa: F401 (two_edges: the fixture)
     retained_notice,
     two_edges,
 )
-from test_standalone_cluster import Cluster, standalone_cluster
 
 from sinks.delta import read_table
+
+# bench/ is a tool directory, not an installed package; make it importable however pytest runs.
+_ROOT = str(Path(__file__).resolve().parents[2])
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+from bench.cluster import Cluster, standalone_cluster  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 

@@ -9,10 +9,12 @@ show with what the demo journaled. The kernel must then exit by itself when aske
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,16 @@ from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
 from edgebus.demo_lake import FIRST_LIMIT, LIMITED, RAISED_LIMIT
+from sinks.storage import ENVIRONMENT
+
+# bench/ is a tool directory, not an installed package; make it importable however pytest runs.
+_ROOT = str(Path(__file__).resolve().parents[2])
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+from bench.s3_server import s3_server  # noqa: E402
+
+BUCKET = "edgebus-notebooks"
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 CELL_TIMEOUT = 300  # seconds; a cell that hangs fails the test instead of blocking it
@@ -47,11 +59,39 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return summary
 
 
+@pytest.fixture(scope="module")
+def demo_in_a_bucket(demo: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The demo lake copied into a bucket of an S3-compatible server (moto's, started here):
+    the same tables, read over S3 (a Delta log names its files relative to the table)."""
+    import boto3
+
+    with s3_server(BUCKET) as options:
+        client = boto3.client(
+            "s3",
+            endpoint_url=options.endpoint_url,
+            region_name=options.region,
+            aws_access_key_id=options.access_key_id,
+            aws_secret_access_key=options.secret_access_key,
+        )
+        lake = Path(demo["lake"])
+        for path in lake.rglob("*"):
+            if path.is_file() and "_checkpoints" not in path.parts:
+                client.upload_file(str(path), BUCKET, f"lake/{path.relative_to(lake)}")
+        environment = {
+            ENVIRONMENT[key]: str(value).lower() if isinstance(value, bool) else value
+            for key, value in dataclasses.asdict(options).items()
+            if value != ""
+        }
+        environment[ENVIRONMENT["allow_http"]] = "true"
+        yield demo | {"lake": f"s3://{BUCKET}/lake", "environment": environment}
+
+
 def execute(name: str, demo: dict[str, Any], workdir: Path) -> dict[str, Any]:
     """Run ``notebooks/{name}.ipynb`` in a new kernel; the value each tagged cell shows."""
     notebook = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
     env = {
         **os.environ,
+        **demo.get("environment", {}),
         "EDGEBUS_LAKE": demo["lake"],
         "EDGEBUS_TENANT": LIMITED,
         "EDGEBUS_DATE": demo["day"],
@@ -79,7 +119,17 @@ def execute(name: str, demo: dict[str, Any], workdir: Path) -> dict[str, Any]:
     return shown
 
 
-def test_fleet_history(demo: dict[str, Any], tmp_path: Path) -> None:
+@pytest.fixture(params=["directory", "bucket"])
+def lake(request: pytest.FixtureRequest, demo: dict[str, Any]) -> dict[str, Any]:
+    """The demo lake in a directory, and the same lake in a bucket (issue 12)."""
+    if request.param == "bucket":
+        found: dict[str, Any] = request.getfixturevalue("demo_in_a_bucket")
+        return found
+    return demo
+
+
+def test_fleet_history(lake: dict[str, Any], tmp_path: Path) -> None:
+    demo = lake
     shown = execute("fleet_history", demo, tmp_path)
     vehicles = demo["messages_per_vehicle"][LIMITED]
     assert shown["messages-count"] == sum(vehicles.values())
@@ -91,7 +141,8 @@ def test_fleet_history(demo: dict[str, Any], tmp_path: Path) -> None:
     assert [rows[v] for v in demo["messages_versions"]] == list(accumulate(per_run))
 
 
-def test_tenant_logs_and_quota(demo: dict[str, Any], tmp_path: Path) -> None:
+def test_tenant_logs_and_quota(lake: dict[str, Any], tmp_path: Path) -> None:
+    demo = lake
     shown = execute("tenant_logs_and_quota", demo, tmp_path)
     assert shown["logs-by-type"] == demo["log_events"][LIMITED]
     # warn at 80 %, blocked past the limit, cleared once it was raised (see edgebus.demo_lake)
