@@ -21,7 +21,6 @@ p50, p99 and max per case; every answer must be 200 with the rows it asks for.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -36,7 +35,7 @@ from typing import Any
 
 import httpx
 
-from bench.compare import RESULTS_DIR, machine_info, write_report
+from bench.compare import report
 from bench.logs_query import FIRST_DAY, build_table
 
 TENANT = "tenant-03"
@@ -139,7 +138,6 @@ def main(argv: list[str] | None = None) -> int:
             process.send_signal(signal.SIGTERM)
             code = process.wait(timeout=60)
         assert code == 0, f"edgebus api exited {code}"
-        now = datetime.now(UTC)
         result: dict[str, Any] = {
             "benchmark": "edgebus api: GET /logs through a warm server",
             "rows": args.rows,
@@ -151,12 +149,8 @@ def main(argv: list[str] | None = None) -> int:
             "url": f"{url}/logs?since=...&until=...",
             **timings,
             "load_average_before_after": [round(load_before[0], 2), round(load_after[0], 2)],
-            "date": now.isoformat(timespec="seconds"),
-            "timestamp_compact": f"{now:%Y%m%dT%H%M%SZ}",
-            "machine": machine_info(),
         }
-        print(json.dumps(result, indent=2))
-        print(f"results: {write_report(result, RESULTS_DIR, 'api')}")
+        report(result, "api")
     finally:
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)

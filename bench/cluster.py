@@ -144,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from bench.pipeline import report, timed_run, write_journals
+    from bench.compare import report
+    from bench.pipeline import timed_run, write_journals
     from streaming.session import build_spark, stop_spark
     from streaming.settings import PipelineSettings
 

@@ -374,6 +374,18 @@ def format_log_findings(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def report(result: dict[str, Any], name: str) -> None:
+    """Stamp ``result`` with the date and machine, print it, write it under bench/results."""
+    now = datetime.now(UTC)
+    result |= {
+        "date": now.isoformat(timespec="seconds"),
+        "timestamp_compact": f"{now:%Y%m%dT%H%M%SZ}",
+        "machine": machine_info(),
+    }
+    print(json.dumps(result, indent=2))
+    print(f"results: {write_report(result, RESULTS_DIR, name)}")
+
+
 def write_report(report: dict[str, Any], output_dir: Path, name: str) -> Path:
     output_dir.mkdir(parents=True, exist_ok=True)
     out = output_dir / f"{report['timestamp_compact']}-{name}.json"

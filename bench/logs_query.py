@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from bench.compare import RESULTS_DIR, machine_info, write_report
+from bench.compare import report
 
 FIRST_DAY = date(2026, 11, 1)
 EVENTS = ("connect", "disconnect", "subscribe", "acl_denied", "quota_warn")
@@ -211,7 +211,6 @@ def main(argv: list[str] | None = None) -> int:
             assert len(query_rows(lake, LogQuery(tenant))) == 100
 
         load_before = os.getloadavg()
-        now = datetime.now(UTC)
         result: dict[str, Any] = {
             "benchmark": "edgebus logs and edgebus sql on a large logs table",
             "rows": args.rows,
@@ -228,12 +227,8 @@ def main(argv: list[str] | None = None) -> int:
             "query_day": summary(timed(query_day, args.repeat)),
             "query_newest": summary(timed(query_newest, args.repeat)),
             "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
-            "date": now.isoformat(timespec="seconds"),
-            "timestamp_compact": f"{now:%Y%m%dT%H%M%SZ}",
-            "machine": machine_info(),
         }
-        print(json.dumps(result, indent=2))
-        print(f"results: {write_report(result, RESULTS_DIR, 'logs-query')}")
+        report(result, "logs-query")
     finally:
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)

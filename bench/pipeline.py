@@ -34,11 +34,10 @@ import shutil
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench.compare import RESULTS_DIR, machine_info, write_report
+from bench.compare import report
 from bench.s3_server import s3_server
 from sinks.storage import LakePath, ObjectPath, open_delta
 
@@ -142,18 +141,6 @@ def timed_run(spark: SparkSession, settings: PipelineSettings, written: int) -> 
         "sustained_rows_per_s": round(steady_rows / steady_s) if steady_s else None,
         "driver_peak_rss_mib": peak_rss,
     }
-
-
-def report(result: dict[str, Any], name: str) -> None:
-    """Stamp ``result`` with the date and machine, print it, write it under bench/results."""
-    now = datetime.now(UTC)
-    result |= {
-        "date": now.isoformat(timespec="seconds"),
-        "timestamp_compact": f"{now:%Y%m%dT%H%M%SZ}",
-        "machine": machine_info(),
-    }
-    print(json.dumps(result, indent=2))
-    print(f"results: {write_report(result, RESULTS_DIR, name)}")
 
 
 def main(argv: list[str] | None = None) -> int:

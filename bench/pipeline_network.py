@@ -24,7 +24,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.pipeline import report, timed_run, write_journals
+from bench.compare import report
+from bench.pipeline import timed_run, write_journals
 
 Edge = tuple[subprocess.Popen[bytes], str]  # the process and its HTTP address
 
