@@ -309,10 +309,11 @@ class Broker:
     def end_turn(self, conn: Connection) -> None:
         """Charge this turn's journal records to ``conn`` until they are durable; while they
         are over the per-client bound its reads stop (see Connection.end_turn)."""
-        turn = conn.end_turn()
-        if turn is None:
+        pending = conn.end_turn()
+        if not pending:
             return
-        pending, seq = turn
+        # The newest record: the turn's publishes are at or before it (a turn is one client's).
+        seq = self.journal.appended_seq
 
         def journaled() -> None:
             if conn.journaled(pending):
@@ -526,7 +527,7 @@ class Broker:
     ) -> None:
         """A publish made by the edge itself (log event, counter, quota state): journaled and
         routed like any other, not counted as the tenant's traffic."""
-        self._accept(
+        self.accept(
             tenant, EDGE_CLIENT_ID, Publish(topic=topic, payload=payload, retain=retain), None
         )
 
@@ -679,28 +680,15 @@ class Broker:
 
     def _publish_will(self, tenant: str, client_id: str, will: Publish) -> None:
         try:
-            self._accept(tenant, client_id, will, publisher=None)
+            self.accept(tenant, client_id, will, publisher=None)
         except ProtocolError as exc:
             log.warning("will of %s not published: %s", printable(client_id), printable(str(exc)))
 
     # -- publish ---------------------------------------------------------------------------------
 
-    def accept_publish(self, conn: Connection, packet: Publish) -> int:
-        """Journal, retain and route one inbound publish; returns its journal seq."""
-        stats = self.stats
-        size = len(packet.payload)
-        stats.messages_in += 1
-        stats.bytes_in += size
-        usage = conn.usage
-        usage.messages_in += 1
-        usage.bytes_in += size
-        seq = self._accept(conn.tenant, conn.client_id, packet, conn)
-        conn.charge(size + len(packet.topic), seq)  # see Connection.end_turn
-        return seq
-
-    def _accept(
-        self, tenant: str, client_id: str, packet: Publish, publisher: Connection | None
-    ) -> int:
+    def accept(self, tenant: str, client_id: str, packet: Publish, publisher: str | None) -> int:
+        """Journal, retain and route one publish; returns its journal seq. ``publisher``: the
+        client id when a client published it (No Local), None when the edge did."""
         # The per-publish hot path: keep it flat (no helper calls that a branch can avoid).
         props = packet.properties
         if props is not NO_PROPERTIES and (
@@ -731,7 +719,7 @@ class Broker:
         message = Message(tenant, topic, packet.payload, qos, retain, client_id, ts_us, props, seq)
         if tenant == OPERATOR_TENANT:
             self.control(self.tenancy.control_message(tenant, topic, packet.payload))
-        deliveries = self.router.route(message, client_id if publisher is not None else None)
+        deliveries = self.router.route(message, publisher)
         if deliveries is not None:
             self.deliver(deliveries)
         return seq

@@ -218,7 +218,6 @@ class Connection:
         "token",
         "topics",
         "turn_bytes",
-        "turn_seq",
         "usage",
         "version",
         "will",
@@ -262,10 +261,9 @@ class Connection:
         self._alias_in: dict[int, str] | None = None
         self.inbound_unacked = 0  # QoS 1/2 publishes received and not yet fully acknowledged
         # Bytes of this client's journal records not yet durable (see end_turn), and those of
-        # the records of the current turn with the last one's seq (see charge).
+        # the publishes of the current turn.
         self.journal_bytes = 0
         self.turn_bytes = 0
-        self.turn_seq = 0
         # Tenancy: what the policy admitted at CONNECT (broker_edge.tenancy.Admission).
         self.token: str | None = None
         self.acl: Acl = ALLOW_ALL
@@ -305,7 +303,26 @@ class Connection:
                     ReasonCode.PROTOCOL_ERROR,
                 )
             if kind is Publish:
-                return self._inbound_publish(packet)  # type: ignore[arg-type]
+                # The per-publish hot path: inline, no helper call a branch can avoid.
+                publish: Publish = packet  # type: ignore[assignment]
+                if publish.properties is not NO_PROPERTIES:
+                    publish = self._publish_properties(publish)
+                topic = publish.topic
+                topics = self.topics
+                if topic not in topics.names:
+                    topics.learn(topic, self.limits.max_topic_levels)
+                # What its journal record will hold until durable (see end_turn).
+                self.turn_bytes += len(publish.payload) + len(topic) + RECORD_OVERHEAD
+                if publish.qos:
+                    # An inbound QoS 1/2 exchange opens (states.Flow.IN_QOS1 / IN_QOS2).
+                    self.inbound_unacked += 1
+                    if self.inbound_unacked > self.limits.receive_maximum and self.version == _V5:
+                        # More unacknowledged QoS 1/2 publishes than our receive maximum
+                        # [MQTT-3.3.4-9].
+                        raise ProtocolError(
+                            "receive maximum exceeded", ReasonCode.RECEIVE_MAXIMUM_EXCEEDED
+                        )
+                return publish
             if kind is Pingreq:
                 self.emit(_PINGRESP)
                 continue
@@ -317,27 +334,15 @@ class Connection:
             return packet
         return None
 
-    def _inbound_publish(self, packet: Publish) -> Publish:
+    def _publish_properties(self, packet: Publish) -> Publish:
         props = packet.properties
-        if props is not NO_PROPERTIES:
-            if props.subscription_identifiers:
-                # Only the server sends subscription identifiers [MQTT-3.3.4-6].
-                raise ProtocolError(
-                    "PUBLISH from a client with a subscription identifier",
-                    ReasonCode.PROTOCOL_ERROR,
-                )
-            if props.topic_alias is not None:
-                packet = self._resolve_alias(packet)
-        topic = packet.topic
-        topics = self.topics
-        if topic not in topics.names:
-            topics.learn(topic, self.limits.max_topic_levels)
-        if packet.qos:
-            # An inbound QoS 1/2 exchange opens (states.Flow.IN_QOS1 / IN_QOS2).
-            self.inbound_unacked += 1
-            if self.inbound_unacked > self.limits.receive_maximum and self.version == _V5:
-                # More unacknowledged QoS 1/2 publishes than our receive maximum [MQTT-3.3.4-9].
-                raise ProtocolError("receive maximum exceeded", ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
+        if props.subscription_identifiers:
+            # Only the server sends subscription identifiers [MQTT-3.3.4-6].
+            raise ProtocolError(
+                "PUBLISH from a client with a subscription identifier", ReasonCode.PROTOCOL_ERROR
+            )
+        if props.topic_alias is not None:
+            return self._resolve_alias(packet)
         return packet
 
     def _resolve_alias(self, packet: Publish) -> Publish:
@@ -528,27 +533,34 @@ class Connection:
 
     def deliver_qos0(self, message: Message, retain: bool) -> bool:
         """The QoS 0 hot path: one encoding per message, protocol version and retain flag,
-        shared by every subscriber. False when this client needs its own encoding (topic
-        aliases, a maximum packet size): call :meth:`publish_bytes` then."""
-        if self.alias_out_max or self.max_packet_out:
-            return False
+        shared by every subscriber. Only for a client without topic aliases or a maximum
+        packet size (those get :meth:`publish_bytes`). True as :meth:`emit`."""
         version = self.version
         key = version * 2 + retain
-        encoded = message.encoded
-        if encoded is None:
-            encoded = message.encoded = {}
-        data = encoded.get(key)
-        if data is None:
-            if version == _V5:
-                data = self.publish_bytes(message, _QOS0, retain, None, False, (), 0)
-                assert data is not None
-            else:  # 3.1.1 has no properties to adjust: straight to the codec
-                data = encode_publish(
-                    message.topic, message.payload, 0, retain, False, None, version
-                )
-            encoded[key] = data
-        self.emit(data)
-        return True
+        if message.enc_key == key:
+            data = message.enc
+        else:
+            encoded = message.encoded
+            found = encoded.get(key) if encoded is not None else None
+            if found is not None:
+                data = found
+            else:
+                if version == _V5:
+                    v5 = self.publish_bytes(message, _QOS0, retain, None, False, (), 0)
+                    assert v5 is not None
+                    data = v5
+                else:  # 3.1.1 has no properties to adjust: straight to the codec
+                    data = encode_publish(
+                        message.topic, message.payload, 0, retain, False, None, version
+                    )
+                if message.enc_key < 0:
+                    message.enc_key = key
+                    message.enc = data
+                elif encoded is None:
+                    message.encoded = {key: data}
+                else:
+                    encoded[key] = data
+        return self.emit(data)
 
     def publish_bytes(
         self,
@@ -625,22 +637,16 @@ class Connection:
         """The transport's write buffer went over (True) or back under its high-water mark."""
         self.write_paused = paused
 
-    def charge(self, size: int, seq: int) -> None:
-        """A publish of this turn appended to the journal (``seq`` 0: not journaled)."""
-        self.turn_bytes += size + RECORD_OVERHEAD
-        if seq:
-            self.turn_seq = seq
-
-    def end_turn(self) -> tuple[int, int] | None:
-        """This turn's journal bytes and last seq, now charged to this client until durable
-        (``journaled``), or None. While they are over ``max_journal_backlog_bytes_per_client``
-        its reads stop: the journal's own bound counts records, not bytes."""
+    def end_turn(self) -> int:
+        """This turn's publish bytes, now charged to this client until the journal has them
+        (``journaled``); 0 when none. While they are over
+        ``max_journal_backlog_bytes_per_client`` its reads stop: the journal's own bound counts
+        records, not bytes."""
         pending = self.turn_bytes
-        if not pending:
-            return None
-        self.turn_bytes = 0
-        self.journal_bytes += pending
-        return pending, self.turn_seq
+        if pending:
+            self.turn_bytes = 0
+            self.journal_bytes += pending
+        return pending
 
     def over_backlog(self) -> bool:
         return self.journal_bytes > self.limits.max_backlog_bytes

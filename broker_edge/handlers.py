@@ -161,7 +161,14 @@ def handle_publish(broker: Broker, conn: Connection, packet: Publish, now: float
             broker.pause(conn, PAUSED_BY_RATE)
             broker.rate_paused.add(conn)
             broker.wake_at(conn.resume_at)  # broker.tick resumes it then
-    seq = broker.accept_publish(conn, packet)
+    stats = broker.stats
+    size = len(packet.payload)
+    stats.messages_in += 1
+    stats.bytes_in += size
+    usage = conn.usage
+    usage.messages_in += 1
+    usage.bytes_in += size
+    seq = broker.accept(conn.tenant, conn.client_id, packet, conn.client_id)
     if broker.journal.backlog > broker.settings.max_journal_backlog and not (
         conn.paused_for & PAUSED_BY_JOURNAL
     ):
