@@ -280,9 +280,16 @@ class Broker:
                 stats.packets_out += conn.packets_queued()  # one emit() per packet
                 data = conn.data_to_send()
                 if data:
+                    stats.wire_bytes_out += len(data)
                     conn.io.write(data)
                 if conn.closed():
                     conn.io.close()
+
+    def count_read(self, size: int, packets: int) -> None:
+        """What one socket read brought, for ``$SYS`` (the listener frames the packets)."""
+        stats = self.stats
+        stats.wire_bytes_in += size
+        stats.packets_in += packets
 
     def _emit(self, conn: Connection, data: bytes) -> None:
         if conn.emit(data):
@@ -412,7 +419,7 @@ class Broker:
         if session is None:
             session = router.new_session(key[0], key[1], False, now)
         if op == "open":
-            session.expiry_interval = int(record["x"])
+            router.set_expiry(session, int(record["x"]))
         elif op == "sub":
             sub = subscription_from(record["sub"])
             session.subscriptions[sub.topic_filter] = sub
@@ -559,19 +566,13 @@ class Broker:
         was_persistent = session is not None and not session.clean
         if session is None:
             session = router.new_session(conn.tenant, conn.client_id, packet.clean_start, None)
-        # Never more unacknowledged deliveries than the client's receive maximum
-        # [MQTT-3.3.4-7].
         receive_maximum = 65_535
         if conn.version == ProtocolVersion.MQTT_5:
             receive_maximum = packet.properties.receive_maximum or 65_535
-        session.max_inflight = min(self.settings.max_inflight_messages, receive_maximum)
-        session.expiry_interval = expiry
-        session.clean = expiry == 0
+        router.attach(session, conn, expiry, receive_maximum)
         if not session.clean or was_persistent:
             self.state_changed = True
             self.log_session(session, conn)  # its CONNACK waits until this is durable
-        session.connection = conn
-        session.disconnected_at = None
         self.session_of[conn] = session
         self.connections[key] = conn
         self.awaiting_connect.discard(conn)
@@ -616,10 +617,7 @@ class Broker:
             )
         if expiry == session.expiry_interval:
             return
-        was_persistent = not session.clean
-        session.expiry_interval = expiry
-        session.clean = expiry == 0
-        if was_persistent:
+        if self.router.set_expiry(session, expiry):
             self.state_changed = True  # a new expiry, or no longer persistent
             self.log_session(session, conn)
 
@@ -662,11 +660,8 @@ class Broker:
                     "reason_code": conn.close_reason,
                 },
             )
-        if session.connection is conn:
-            session.connection = None
-            session.disconnected_at = now
-            if session.expiry_interval == 0:
-                self._drop_session(session)
+        if self.router.detach(session, conn, now):
+            self._drop_session(session)
 
     def _drop_session(self, session: Session) -> None:
         if not session.clean:
@@ -976,7 +971,6 @@ class Broker:
         """Install sessions and retained messages read from a snapshot (before serving)."""
         router = self.router
         for session in sessions:
-            session.max_queued_bytes = self.settings.max_queued_bytes  # not in the snapshot
             router.add_session(session)
             for full, sub in session.subscriptions.items():
                 router.install(session, full, sub)

@@ -61,7 +61,6 @@ class MqttProtocol(asyncio.Protocol):
     # -- ConnectionIO: what the broker asks of this connection's transport ----------------------
 
     def write(self, data: bytes) -> None:
-        self._broker.stats.wire_bytes_out += len(data)
         transport = self._transport
         assert transport is not None
         transport.write(data)
@@ -105,9 +104,7 @@ class MqttProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._draining:
             return  # late writes of a client we closed: read only to avoid a reset
-        stats = self._broker.stats
-        stats.wire_bytes_in += len(data)
-        stats.packets_in += self._packets.feed(data)
+        self._broker.count_read(len(data), self._packets.feed(data))
         self._handle(data)
 
     def _handle(self, data: bytes) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from broker_edge.message import Message
 from broker_edge.packets import QoS, RetainHandling, Subscription
@@ -27,6 +28,9 @@ from broker_edge.session import Session
 from broker_edge.states import FlowEvent, peer_ack
 from broker_edge.topics import parse_subscription_filter
 from broker_edge.trie import TopicTrie
+
+if TYPE_CHECKING:
+    from broker_edge.connection import Connection
 
 # One delivery: (session, message, qos, retain, subscription identifiers).
 Delivery = tuple[Session, Message, int, bool, tuple[int, ...]]
@@ -114,10 +118,39 @@ class Router:
         return session
 
     def add_session(self, session: Session) -> None:
+        """Register a session (a restored one gets today's byte bound: not in snapshots)."""
+        session.max_queued_bytes = self.bounds.max_queued_bytes
         key = (session.tenant, session.client_id)
         self.sessions[key] = session
         counts = self.session_counts
         counts[session.tenant] = counts.get(session.tenant, 0) + 1
+
+    def attach(
+        self, session: Session, connection: Connection, expiry: int, receive_maximum: int
+    ) -> None:
+        """A client (re)connected to ``session`` with this expiry; never more unacknowledged
+        deliveries than its receive maximum [MQTT-3.3.4-7]."""
+        session.max_inflight = min(self.bounds.max_inflight, receive_maximum)
+        self.set_expiry(session, expiry)
+        session.connection = connection
+        session.disconnected_at = None
+
+    def detach(self, session: Session, connection: Connection, now: float) -> bool:
+        """``connection`` left ``session``; True when the session ends with it (expiry 0)."""
+        if session.connection is not connection:
+            return False  # taken over already
+        session.connection = None
+        session.disconnected_at = now
+        return session.expiry_interval == 0
+
+    @staticmethod
+    def set_expiry(session: Session, expiry: int) -> bool:
+        """Set the session expiry interval (0: ends with the connection); True when the
+        session was persistent before."""
+        was_persistent = not session.clean
+        session.expiry_interval = expiry
+        session.clean = expiry == 0
+        return was_persistent
 
     def drop_session(self, session: Session) -> None:
         """Forget a session: its subscriptions, window and queue."""
