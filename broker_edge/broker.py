@@ -42,12 +42,12 @@ from broker_edge.errors import ProtocolError
 from broker_edge.handlers import HANDLERS
 from broker_edge.logtext import printable, truncated
 from broker_edge.message import Message
+from broker_edge.outbox import Outbox
 from broker_edge.packets import (
     NO_PROPERTIES,
     Connect,
     ProtocolVersion,
     Publish,
-    Pubrel,
     QoS,
     ReasonCode,
     Subscription,
@@ -55,16 +55,15 @@ from broker_edge.packets import (
 from broker_edge.plim import log_event
 from broker_edge.router import (
     SESSION_NEVER_EXPIRES,
-    Delivery,
     Namespace,
     Router,
     SessionBounds,
 )
-from broker_edge.session import Outbound, Pending, Session
+from broker_edge.session import Session
 from broker_edge.sessionlog import SessionLog, SessionLogError
 from broker_edge.settings import EdgeSettings
-from broker_edge.states import Flow, FlowEvent, local_step
 from broker_edge.store import subscription_doc, subscription_from
+from broker_edge.sysstats import Stats
 from broker_edge.tenancy import (
     EDGE_CLIENT_ID,
     NOTHING,
@@ -132,25 +131,6 @@ class Journal(Protocol):
     lake_committed_seq: int
 
 
-@dataclasses.dataclass(slots=True)
-class Stats:
-    messages_in: int = 0
-    messages_out: int = 0
-    bytes_in: int = 0
-    bytes_out: int = 0
-    dropped: int = 0
-    # MQTT packets of any type and bytes on the wire (listener, flush_dirty), for $SYS.
-    packets_in: int = 0
-    packets_out: int = 0
-    wire_bytes_in: int = 0
-    wire_bytes_out: int = 0
-    sockets_opened: int = 0
-    connects: int = 0  # CONNECT packets received, refused ones too
-    sessions_expired: int = 0  # disconnected sessions dropped at the end of their expiry
-    # Times a publisher's reads were paused because the journal was behind.
-    reads_paused: int = 0
-
-
 class Broker:
     def __init__(
         self,
@@ -182,8 +162,8 @@ class Broker:
         self._next_scan = 0.0  # when tick next scans every connection and session
         self.connections: dict[tuple[str, str], Connection] = {}
         self.session_of: dict[Connection, Session] = {}  # the session of each connected client
-        self.dirty: set[Connection] = set()
         self.stats = Stats()
+        self.outbox = Outbox(self.stats, wall_clock_us, self._queue_overflow)
         self.tenancy = Tenancy(tenants, settings.node_id, local_operator_token)
         # Live connections per tenant on this node (the tenants' "sessions" gauge).
         self.connected: dict[str, int] = {}
@@ -200,7 +180,6 @@ class Broker:
         # Set by the node: changes to persistent sessions are appended here, and the output of
         # the connections that made them is held until ``sync_sessions`` made them durable.
         self.session_log: SessionLog | None = None
-        self.held: set[Connection] = set()
         self.request_session_sync: Callable[[], None] = _noop  # runs sync_sessions soon
         self._session_sync_requested = False
         # The journal's state (journal_status_changed): while journal_refusal is not 0 every
@@ -255,7 +234,6 @@ class Broker:
         clock = self.clock
         deadline = now + self.settings.max_turn_seconds
         next_event = conn.next_event
-        dirty = self.dirty
         try:
             while (event := next_event()) is not None:
                 handlers[type(event)](self, conn, event, now)
@@ -264,45 +242,21 @@ class Broker:
             return False
         finally:
             if conn.out or conn.closing:
-                dirty.add(conn)
+                self.outbox.mark(conn)
 
     def flush_dirty(self) -> None:
-        """Write every connection's pending output: one transport write per connection.
-        A connection whose session change is not durable yet waits (see sync_sessions)."""
-        while self.dirty:
-            dirty = self.dirty
-            self.dirty = set()
-            held = self.held
-            stats = self.stats
-            for conn in dirty:
-                if held and conn in held:
-                    continue  # its CONNACK/SUBACK waits for the session log
-                stats.packets_out += conn.packets_queued()  # one emit() per packet
-                data = conn.data_to_send()
-                if data:
-                    stats.wire_bytes_out += len(data)
-                    conn.io.write(data)
-                if conn.closed():
-                    conn.io.close()
+        """Write every connection's pending output (see Outbox.flush)."""
+        self.outbox.flush()
+
+    def close(self, conn: Connection, reason: int | None, **kwargs: Any) -> None:
+        """Close ``conn`` (after its output), MQTT 5 with DISCONNECT ``reason``."""
+        self.outbox.close(conn, reason, **kwargs)
 
     def count_read(self, size: int, packets: int) -> None:
         """What one socket read brought, for ``$SYS`` (the listener frames the packets)."""
         stats = self.stats
         stats.wire_bytes_in += size
         stats.packets_in += packets
-
-    def _emit(self, conn: Connection, data: bytes) -> None:
-        if conn.emit(data):
-            self.dirty.add(conn)
-
-    def _send(self, conn: Connection, packet: Any) -> None:
-        if conn.send(packet):
-            self.dirty.add(conn)
-
-    def close(self, conn: Connection, reason: int | None, **kwargs: Any) -> None:
-        """Close ``conn`` (after its output), MQTT 5 with DISCONNECT ``reason``."""
-        conn.close(reason, **kwargs)
-        self.dirty.add(conn)
 
     def pause(self, conn: Connection, reason: int) -> None:
         """Stop reading from ``conn`` for ``reason`` (a PAUSED_BY_* bit)."""
@@ -338,14 +292,13 @@ class Broker:
         if not paused:
             session = self.session_of.get(conn)
             if session is not None:
-                self.drain_queue(session)
+                self.outbox.drain(session)
             self.flush_dirty()
 
     def connection_gone(self, conn: Connection, now: float) -> None:
         """The socket is closed: forget the connection (will, session detach)."""
         conn.lost()
-        self.dirty.discard(conn)
-        self.held.discard(conn)
+        self.outbox.forget(conn)
         self.awaiting_connect.discard(conn)
         self.paused_readers.discard(conn)
         self.rate_paused.discard(conn)
@@ -355,7 +308,7 @@ class Broker:
     def protocol_failure(self, conn: Connection, exc: ProtocolError) -> None:
         """The peer broke the protocol: answer with the reason code, log it, close."""
         conn.protocol_failure(exc)
-        self.dirty.add(conn)
+        self.outbox.mark(conn)
         self.log_malformed(conn, exc)
 
     # -- the session log (see broker_edge.sessionlog) ------------------------------------------
@@ -373,7 +326,7 @@ class Broker:
         record.update(fields)
         session_log.append(record)
         if conn is not None:
-            self.held.add(conn)
+            self.outbox.hold(conn)
         self._want_session_sync()
 
     def _want_session_sync(self) -> None:
@@ -391,7 +344,8 @@ class Broker:
     def sync_sessions(self) -> None:
         """Make the logged session changes durable, then release the held connections."""
         self._session_sync_requested = False
-        held, self.held = self.held, set()
+        outbox = self.outbox
+        held = outbox.release()
         try:
             if self.session_log is not None:
                 self.session_log.sync()
@@ -403,7 +357,7 @@ class Broker:
                 conn.close(None, send_disconnect=False)
         for conn in held:
             if conn.out or conn.closing:
-                self.dirty.add(conn)
+                outbox.mark(conn)
         self.flush_dirty()
 
     def apply_session_record(self, record: dict[str, Any], now: float) -> None:
@@ -592,21 +546,6 @@ class Broker:
         )
         return session, present
 
-    def session_resumed(self, conn: Connection, session: Session) -> None:
-        """Redeliver the in-flight window with DUP set, then what waited in the queue
-        [MQTT-4.4.0-1]."""
-        now_us = self.wall_clock_us()
-        for pid, out in session.inflight.items():
-            if out.state is Flow.OUT_AWAIT_PUBCOMP:
-                self._send(conn, Pubrel(packet_id=pid))
-            else:
-                data = conn.publish_bytes(
-                    out.message, out.qos, out.retain, pid, True, out.subscription_ids, now_us
-                )
-                if data is not None:
-                    self._emit(conn, data)
-        self.drain_queue(session)
-
     def set_session_expiry(self, conn: Connection, session: Session, expiry: int) -> None:
         """A DISCONNECT's session expiry interval replaces the one of the CONNECT
         [MQTT-3.14.2.2.2]; raises ProtocolError if the CONNECT's was 0 and this one is not."""
@@ -673,6 +612,18 @@ class Broker:
         if pending is not None:
             self._publish_will(session.tenant, session.client_id, pending[1])
 
+    def _queue_overflow(self, session: Session) -> None:
+        self.log(
+            session.tenant,
+            "queue_overflow",
+            session.client_id,
+            {
+                "max_queued_messages": session.max_queued,
+                "max_queued_bytes": session.max_queued_bytes,
+                "dropped": session.dropped,
+            },
+        )
+
     def _publish_will(self, tenant: str, client_id: str, will: Publish) -> None:
         try:
             self.accept(tenant, client_id, will, publisher=None)
@@ -716,39 +667,13 @@ class Broker:
             self.control(self.tenancy.control_message(tenant, topic, packet.payload))
         deliveries = self.router.route(message, publisher)
         if deliveries is not None:
-            self.deliver(deliveries)
+            self.outbox.deliver(deliveries)
         return seq
-
-    def deliver(self, deliveries: list[Delivery]) -> None:
-        """Turn the router's deliveries into bytes for their clients, or queue them."""
-        stats = self.stats
-        dirty = self.dirty
-        for session, message, qos, retain, sub_ids in deliveries:
-            conn = session.connection
-            if (
-                qos == 0
-                and conn is not None
-                and not conn.write_paused
-                and not sub_ids
-                and not conn.alias_out_max
-                and not conn.max_packet_out
-            ):
-                # The hot path, straight out: one shared encoding per version and retain.
-                size = len(message.payload)
-                stats.messages_out += 1
-                stats.bytes_out += size
-                usage = conn.usage
-                usage.messages_out += 1
-                usage.bytes_out += size
-                if conn.deliver_qos0(message, retain):
-                    dirty.add(conn)
-            else:
-                self._deliver(session, conn, message, qos, retain, sub_ids)
 
     def after_durable(self, seq: int, conn: Connection, packet_id: int, qos: int) -> None:
         def durable() -> None:
             if conn.ack_durable(packet_id, qos):
-                self.dirty.add(conn)
+                self.outbox.mark(conn)
 
         def refused() -> None:
             if conn.refuse_undurable(packet_id, qos):
@@ -757,7 +682,7 @@ class Broker:
                     session = self.session_of.get(conn)
                     if session is not None:
                         session.release_rel(packet_id)  # a PUBREC 0x80 ends it [MQTT-4.3.3-4]
-                self.dirty.add(conn)
+                self.outbox.mark(conn)
 
         self.journal.after_durable(seq, durable, refused)
 
@@ -833,99 +758,6 @@ class Broker:
         self.on_journal_status(status)
         self.flush_dirty()
 
-    # -- deliveries: the outbound QoS flows (states.Flow.OUT_*) ----------------------------------
-
-    def _deliver(
-        self,
-        session: Session,
-        conn: Connection | None,
-        message: Message,
-        qos: int,
-        retain: bool,
-        sub_ids: tuple[int, ...] = (),
-    ) -> None:
-        if conn is None or conn.write_paused or (qos and not session.window_open()):
-            if (qos or conn is not None) and not self._enqueue(
-                session, message, qos, retain, sub_ids
-            ):
-                self.stats.dropped += 1
-            return
-        self._send_publish(conn, session, message, qos, retain, sub_ids)
-
-    def _enqueue(
-        self, session: Session, message: Message, qos: int, retain: bool, sub_ids: tuple[int, ...]
-    ) -> bool:
-        ok = session.enqueue(Pending(message, QoS(qos), retain, sub_ids))
-        if not ok and (session.dropped in {1, 10, 100, 1000} or session.dropped % 10_000 == 0):
-            self.log(
-                session.tenant,
-                "queue_overflow",
-                session.client_id,
-                {
-                    "max_queued_messages": session.max_queued,
-                    "max_queued_bytes": session.max_queued_bytes,
-                    "dropped": session.dropped,
-                },
-            )
-            log.warning(
-                "queue of %s/%s full (%d messages / %d bytes): dropped %d message(s) so far",
-                session.tenant,
-                printable(session.client_id),
-                session.max_queued,
-                session.max_queued_bytes,
-                session.dropped,
-            )
-        return ok
-
-    def _send_publish(
-        self,
-        conn: Connection,
-        session: Session,
-        message: Message,
-        qos: int,
-        retain: bool,
-        sub_ids: tuple[int, ...],
-    ) -> None:
-        pid = None
-        if qos:
-            pid = session.next_packet_id()
-            assert pid is not None  # the window is far below 65535
-        data = conn.publish_bytes(message, qos, retain, pid, False, sub_ids, self.wall_clock_us())
-        if data is None:
-            # Over the client's maximum packet size: dropped for it [MQTT-3.1.2-25].
-            log.info(
-                "PUBLISH over %s's maximum packet size %d: not sent",
-                printable(conn.client_id),
-                conn.max_packet_out,
-            )
-            self.stats.dropped += 1
-            return
-        size = len(message.payload)
-        self.stats.messages_out += 1
-        self.stats.bytes_out += size
-        conn.usage.messages_out += 1
-        conn.usage.bytes_out += size
-        if pid is not None:
-            event = FlowEvent.SENT_QOS1 if qos == 1 else FlowEvent.SENT_QOS2
-            state = local_step(Flow.DONE, event)
-            session.inflight[pid] = Outbound(message, QoS(qos), retain, state, sub_ids)
-        self._emit(conn, data)
-
-    def drain_queue(self, session: Session) -> None:
-        conn = session.connection
-        now_us = self.wall_clock_us()
-        while session.queue and conn is not None and not conn.write_paused:
-            head = session.queue[0]
-            if head.qos > QoS.AT_MOST_ONCE and not session.window_open():
-                return
-            session.pop()
-            expiry = head.message.properties.message_expiry_interval
-            if expiry is not None and now_us - head.message.ts_us >= expiry * 1_000_000:
-                continue  # expired while waiting: never delivered [MQTT-3.3.2-5]
-            self._send_publish(
-                conn, session, head.message, head.qos, head.retain, head.subscription_ids
-            )
-
     # -- subscribe -----------------------------------------------------------------------------
 
     def subscribe(
@@ -946,7 +778,7 @@ class Broker:
             session, subscriptions, subscription_id, self.wall_clock_us()
         )
         for _, message, qos, retain, sub_ids in retained:
-            self._deliver(session, conn, message, qos, retain, sub_ids)
+            self.outbox.deliver_one(session, conn, message, qos, retain, sub_ids)
 
     def unsubscribe(
         self, conn: Connection, session: Session, topic_filters: Sequence[str]
@@ -986,7 +818,7 @@ class Broker:
         self.control(self.tenancy.control_message(message.tenant, message.topic, message.payload))
         deliveries = self.router.route(message, None)
         if deliveries is not None:
-            self.deliver(deliveries)
+            self.outbox.deliver(deliveries)
 
     # -- time: everything that happens when nothing is received --------------------------------
 
@@ -1067,7 +899,7 @@ class Broker:
         message = Message(owner, topic, payload, QoS.AT_MOST_ONCE, True, "", self.wall_clock_us())
         deliveries = self.router.route(message, None)
         if deliveries is not None:
-            self.deliver(deliveries)
+            self.outbox.deliver(deliveries)
 
     def log_malformed(self, conn: Connection, exc: ProtocolError) -> None:
         log.warning(

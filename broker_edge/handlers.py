@@ -79,7 +79,7 @@ def handle_connect(broker: Broker, conn: Connection, packet: Connect, now: float
         return
     session, present = broker.open_session(conn, packet, now)
     conn.accept(present, assigned, server_keepalive, packet.properties if v5 else None)
-    broker.session_resumed(conn, session)
+    broker.outbox.resume_session(conn, session)
 
 
 def _take_will(broker: Broker, conn: Connection, will: Will, v5: bool) -> bool:
@@ -200,7 +200,7 @@ def handle_ack(
         if event is FlowEvent.PUBREC:
             conn.send(Pubrel(packet_id=packet.packet_id))  # [MQTT-4.3.3-3]
         else:
-            broker.drain_queue(session)
+            broker.outbox.drain(session)
 
 
 def handle_pubrel(broker: Broker, conn: Connection, packet: Pubrel, now: float) -> None:

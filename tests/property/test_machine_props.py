@@ -97,4 +97,5 @@ def test_events_do_not_depend_on_how_the_bytes_are_chunked(
     whole = _run(_connected(version), [wire])
     split = _run(_connected(version), chunks)
     assert split == whole
-    assert whole[0] == [p for p in sent if not isinstance(p, Pingreq)][: len(whole[0])]
+    expected = [p for p in sent if not isinstance(p, Pingreq)]  # PINGREQ: answered inside
+    assert whole[0][: len(expected)] == expected  # then whatever the random tail makes
