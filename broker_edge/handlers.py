@@ -51,6 +51,7 @@ _client_numbers = itertools.count(1)
 _QOS0 = QoS.AT_MOST_ONCE
 _QOS2 = QoS.EXACTLY_ONCE
 _V5 = ProtocolVersion.MQTT_5
+_PUBREC = FlowEvent.PUBREC
 
 
 def handle_connect(broker: Broker, conn: Connection, packet: Connect, now: float) -> None:
@@ -195,9 +196,9 @@ def handle_ack(
 ) -> None:
     """PUBACK, PUBREC or PUBCOMP: the client acknowledged a delivery (states.Flow.OUT_*)."""
     event = ACK_EVENTS[type(packet)]
-    session = conn_session(broker, conn)
+    session = broker.session_of[conn]
     if broker.router.acked(session, packet.packet_id, event):
-        if event is FlowEvent.PUBREC:
+        if event is _PUBREC:
             conn.send(Pubrel(packet_id=packet.packet_id))  # [MQTT-4.3.3-3]
         else:
             broker.outbox.drain(session)

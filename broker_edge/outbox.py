@@ -30,6 +30,13 @@ from broker_edge.sysstats import Stats
 
 log = logging.getLogger(__name__)
 
+# Where a delivery's exchange stands once sent, by QoS (the table's SENT_QOS1/SENT_QOS2 steps,
+# looked up once: this runs per QoS 1/2 delivery).
+_SENT = {
+    QoS.AT_LEAST_ONCE: local_step(Flow.DONE, FlowEvent.SENT_QOS1),
+    QoS.EXACTLY_ONCE: local_step(Flow.DONE, FlowEvent.SENT_QOS2),
+}
+
 
 class Outbox:
     def __init__(
@@ -142,7 +149,7 @@ class Outbox:
         session: Session,
         conn: Connection | None,
         message: Message,
-        qos: int,
+        qos: QoS,
         retain: bool,
         sub_ids: tuple[int, ...] = (),
     ) -> None:
@@ -155,9 +162,9 @@ class Outbox:
         self._send_publish(conn, session, message, qos, retain, sub_ids)
 
     def _enqueue(
-        self, session: Session, message: Message, qos: int, retain: bool, sub_ids: tuple[int, ...]
+        self, session: Session, message: Message, qos: QoS, retain: bool, sub_ids: tuple[int, ...]
     ) -> bool:
-        ok = session.enqueue(Pending(message, QoS(qos), retain, sub_ids))
+        ok = session.enqueue(Pending(message, qos, retain, sub_ids))
         if not ok and (session.dropped in {1, 10, 100, 1000} or session.dropped % 10_000 == 0):
             self.overflowed(session)
             log.warning(
@@ -175,7 +182,7 @@ class Outbox:
         conn: Connection,
         session: Session,
         message: Message,
-        qos: int,
+        qos: QoS,
         retain: bool,
         sub_ids: tuple[int, ...],
     ) -> None:
@@ -183,7 +190,10 @@ class Outbox:
         if qos:
             pid = session.next_packet_id()
             assert pid is not None  # the window is far below 65535
-        data = conn.publish_bytes(message, qos, retain, pid, False, sub_ids, self.wall_clock_us())
+        # The clock only for a message whose expiry counts down [MQTT-3.3.2-6].
+        expires = message.properties.message_expiry_interval is not None
+        now_us = self.wall_clock_us() if expires else 0
+        data = conn.publish_bytes(message, qos, retain, pid, False, sub_ids, now_us)
         if data is None:
             # Over the client's maximum packet size: dropped for it [MQTT-3.1.2-25].
             log.info(
@@ -199,10 +209,9 @@ class Outbox:
         conn.usage.messages_out += 1
         conn.usage.bytes_out += size
         if pid is not None:
-            event = FlowEvent.SENT_QOS1 if qos == 1 else FlowEvent.SENT_QOS2
-            state = local_step(Flow.DONE, event)
-            session.inflight[pid] = Outbound(message, QoS(qos), retain, state, sub_ids)
-        self.emit(conn, data)
+            session.inflight[pid] = Outbound(message, qos, retain, _SENT[qos], sub_ids)
+        if conn.emit(data):  # not self.emit: one call less per QoS 1/2 delivery
+            self.dirty.add(conn)
 
     def drain(self, session: Session) -> None:
         conn = session.connection

@@ -25,7 +25,7 @@ from broker_edge.message import Message
 from broker_edge.packets import QoS, RetainHandling, Subscription
 from broker_edge.retained import RetainedStore
 from broker_edge.session import Session
-from broker_edge.states import FlowEvent, peer_ack
+from broker_edge.states import FLOW_STEPS, FlowEvent
 from broker_edge.topics import parse_subscription_filter
 from broker_edge.trie import TopicTrie
 
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from broker_edge.connection import Connection
 
 # One delivery: (session, message, qos, retain, subscription identifiers).
-Delivery = tuple[Session, Message, int, bool, tuple[int, ...]]
+Delivery = tuple[Session, Message, QoS, bool, tuple[int, ...]]
 
 SESSION_NEVER_EXPIRES = 0xFFFFFFFF
 
@@ -344,7 +344,7 @@ class Router:
         out = session.inflight.get(packet_id)
         if out is None:
             return False
-        to = peer_ack(out.state, event)
+        to = FLOW_STEPS[out.state].get(event)  # states.peer_ack, inline: once per ack
         if to is None:
             return False
         if to:
