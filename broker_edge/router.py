@@ -352,8 +352,3 @@ class Router:
         else:
             del session.inflight[packet_id]
         return True
-
-    @staticmethod
-    def queued(session: Session, qos: int) -> bool:
-        """Whether a delivery at ``qos`` must wait in the queue (the window is full)."""
-        return qos > QoS.AT_MOST_ONCE and not session.window_open()
