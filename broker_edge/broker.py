@@ -31,6 +31,7 @@ from broker_edge.connection import (
     PAUSED_BY_BACKLOG,
     PAUSED_BY_JOURNAL,
     PAUSED_BY_RATE,
+    PAUSED_BY_ROUTING,
     Connection,
     ConnectionIO,
     ConnLimits,
@@ -216,33 +217,58 @@ class Broker:
         self.awaiting_connect.add(conn)
         return conn
 
-    def receive(self, conn: Connection, data: bytes, now: float) -> bool:
-        """Feed bytes from the socket and handle the events they complete; raises
-        ProtocolError when the peer broke the protocol.
+    def receive(self, conn: Connection, data: bytes, now: float, packets: int = 0) -> bool:
+        """One turn: feed bytes from the socket (``packets`` complete packets in them, as the
+        listener counted) and handle the events they complete; raises ProtocolError when the
+        peer broke the protocol. The turn's publishes are charged to the client until the
+        journal has them.
 
         Stops early, returning True, once this call has routed more than
         ``max_deliveries_per_turn`` deliveries (a burst fanned out to many subscribers), or
-        handled packets for more than ``max_turn_seconds`` by ``clock``: the caller writes what
-        was routed so far and calls ``receive(conn, b"", now)`` again for the rest, so
-        subscribers see deliveries flow, and other clients are served, instead of waiting for
-        a whole read.
+        handled packets for more than ``max_turn_seconds`` by ``clock``: reading is paused,
+        and the caller writes what was routed so far and calls ``receive(conn, b"", now)``
+        again for the rest, so subscribers see deliveries flow, and other clients are served,
+        instead of waiting for a whole read.
         """
+        stats = self.stats
+        stats.wire_bytes_in += len(data)
+        stats.packets_in += packets
         conn.receive_data(data, now)
         handlers = HANDLERS
-        stats = self.stats
         turn_ends = stats.messages_out + self.settings.max_deliveries_per_turn
         clock = self.clock
         deadline = now + self.settings.max_turn_seconds
         next_event = conn.next_event
+        more = False
         try:
             while (event := next_event()) is not None:
                 handlers[type(event)](self, conn, event, now)
                 if stats.messages_out > turn_ends or clock() > deadline:
-                    return True
-            return False
+                    more = True
+                    break
         finally:
             if conn.out or conn.closing:
-                self.outbox.mark(conn)
+                self.outbox.dirty.add(conn)
+            if conn.turn_bytes:
+                # Charge this turn's publishes to the client until the journal has them (see
+                # Connection.end_turn); inline: once per read.
+                pending = conn.end_turn()
+
+                def journaled() -> None:
+                    if conn.journaled(pending):
+                        self.resume(conn, PAUSED_BY_BACKLOG)
+
+                # Released when durable, or when the journal failed their frame and dropped
+                # them (refused): either way they no longer wait. The newest record: the
+                # turn's publishes are at or before it (a turn is one client's).
+                self.journal.after_durable(self.journal.appended_seq, journaled, journaled)
+                if conn.journal_bytes > self.limits.max_backlog_bytes:
+                    self.pause(conn, PAUSED_BY_BACKLOG)
+            if more:
+                self.pause(conn, PAUSED_BY_ROUTING)
+            elif conn.paused_for & PAUSED_BY_ROUTING:
+                self.resume(conn, PAUSED_BY_ROUTING)
+        return more
 
     def flush_dirty(self) -> None:
         """Write every connection's pending output (see Outbox.flush)."""
@@ -252,12 +278,6 @@ class Broker:
         """Close ``conn`` (after its output), MQTT 5 with DISCONNECT ``reason``."""
         self.outbox.close(conn, reason, **kwargs)
 
-    def count_read(self, size: int, packets: int) -> None:
-        """What one socket read brought, for ``$SYS`` (the listener frames the packets)."""
-        stats = self.stats
-        stats.wire_bytes_in += size
-        stats.packets_in += packets
-
     def pause(self, conn: Connection, reason: int) -> None:
         """Stop reading from ``conn`` for ``reason`` (a PAUSED_BY_* bit)."""
         if conn.pause(reason):
@@ -266,25 +286,6 @@ class Broker:
     def resume(self, conn: Connection, reason: int) -> None:
         if conn.resume(reason):
             conn.io.resume_reading()
-
-    def end_turn(self, conn: Connection) -> None:
-        """Charge this turn's journal records to ``conn`` until they are durable; while they
-        are over the per-client bound its reads stop (see Connection.end_turn)."""
-        pending = conn.end_turn()
-        if not pending:
-            return
-        # The newest record: the turn's publishes are at or before it (a turn is one client's).
-        seq = self.journal.appended_seq
-
-        def journaled() -> None:
-            if conn.journaled(pending):
-                self.resume(conn, PAUSED_BY_BACKLOG)
-
-        # Released when durable, or when the journal failed their frame and dropped them
-        # (refused): either way they no longer wait for the journal.
-        self.journal.after_durable(seq, journaled, journaled)
-        if conn.over_backlog():
-            self.pause(conn, PAUSED_BY_BACKLOG)
 
     def writing_paused(self, conn: Connection, paused: bool) -> None:
         """The transport's buffer went over (True) or under its high-water mark."""
@@ -673,7 +674,7 @@ class Broker:
     def after_durable(self, seq: int, conn: Connection, packet_id: int, qos: int) -> None:
         def durable() -> None:
             if conn.ack_durable(packet_id, qos):
-                self.outbox.mark(conn)
+                self.outbox.dirty.add(conn)
 
         def refused() -> None:
             if conn.refuse_undurable(packet_id, qos):

@@ -648,15 +648,14 @@ class Connection:
             self.journal_bytes += pending
         return pending
 
-    def over_backlog(self) -> bool:
-        return self.journal_bytes > self.limits.max_backlog_bytes
-
     def journaled(self, size: int) -> bool:
         """``size`` bytes of this client's records no longer wait for the journal; True when
-        its reads may resume."""
+        its reads, paused for that backlog, may resume."""
         self.journal_bytes -= size
         return (
-            self.journal_bytes <= self.limits.max_backlog_bytes // 2 and self.state is not _CLOSED
+            self.paused_for & PAUSED_BY_BACKLOG != 0
+            and self.journal_bytes <= self.limits.max_backlog_bytes // 2
+            and self.state is not _CLOSED
         )
 
     # -- bytes out -----------------------------------------------------------------------------
@@ -683,9 +682,6 @@ class Connection:
             return b""
         self.out = _NO_OUTPUT
         return b"".join(out) if len(out) > 1 else out[0]
-
-    def packets_queued(self) -> int:
-        return len(self.out)
 
     def discard_output(self) -> None:
         self.out = _NO_OUTPUT

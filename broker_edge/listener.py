@@ -19,7 +19,7 @@ import logging
 import typing
 
 from broker_edge.broker import Broker
-from broker_edge.connection import PAUSED_BY_ROUTING, Connection, ConnState
+from broker_edge.connection import Connection, ConnState
 from broker_edge.errors import ProtocolError
 from broker_edge.packets import ReasonCode
 from broker_edge.sysstats import PacketCounter
@@ -104,10 +104,9 @@ class MqttProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._draining:
             return  # late writes of a client we closed: read only to avoid a reset
-        self._broker.count_read(len(data), self._packets.feed(data))
-        self._handle(data)
+        self._handle(data, self._packets.feed(data))
 
-    def _handle(self, data: bytes) -> None:
+    def _handle(self, data: bytes, packets: int = 0) -> None:
         """Handle one turn of packets, write what it produced, and come back for the rest of
         a big fan-out on a later loop iteration (reading paused meanwhile)."""
         conn = self._conn
@@ -115,7 +114,7 @@ class MqttProtocol(asyncio.Protocol):
         broker = self._broker
         more = False
         try:
-            more = broker.receive(conn, data, self._loop.time())
+            more = broker.receive(conn, data, self._loop.time(), packets)
         except ProtocolError as exc:
             broker.protocol_failure(conn, exc)
         except Exception as exc:
@@ -124,13 +123,9 @@ class MqttProtocol(asyncio.Protocol):
             broker.protocol_failure(
                 conn, ProtocolError(repr(exc), ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
             )
-        broker.end_turn(conn)
         broker.flush_dirty()
-        if more:
-            broker.pause(conn, PAUSED_BY_ROUTING)
+        if more:  # reading is paused meanwhile (PAUSED_BY_ROUTING)
             self._loop.call_soon(self._next_turn)
-        else:
-            broker.resume(conn, PAUSED_BY_ROUTING)
 
     def _next_turn(self) -> None:
         conn = self._conn

@@ -48,7 +48,9 @@ class Outbox:
         self.stats = stats
         self.wall_clock_us = wall_clock_us
         self.overflowed = overflowed  # a session's queue dropped a message (log it)
-        self.dirty: set[Connection] = set()  # connections with output or closing
+        # Connections with output or closing, written at the next flush (the broker's hot
+        # paths add to it directly: mark without the call).
+        self.dirty: set[Connection] = set()
         # Connections whose output waits for the session log (see Broker.sync_sessions).
         self.held: set[Connection] = set()
 
@@ -72,20 +74,21 @@ class Outbox:
     def flush(self) -> None:
         """Write every connection's pending output: one transport write per connection.
         A connection whose session change is not durable yet waits (see sync_sessions)."""
+        stats = self.stats
         while self.dirty:
             dirty = self.dirty
             self.dirty = set()
             held = self.held
-            stats = self.stats
             for conn in dirty:
                 if held and conn in held:
                     continue  # its CONNACK/SUBACK waits for the session log
-                stats.packets_out += conn.packets_queued()  # one emit() per packet
-                data = conn.data_to_send()
-                if data:
+                out = conn.out
+                if out:
+                    stats.packets_out += len(out)  # one emit() per packet
+                    data = conn.data_to_send()
                     stats.wire_bytes_out += len(data)
                     conn.io.write(data)
-                if conn.closed():
+                if conn.closing and conn.closed():
                     conn.io.close()
 
     def emit(self, conn: Connection, data: bytes) -> None:
@@ -214,9 +217,12 @@ class Outbox:
             self.dirty.add(conn)
 
     def drain(self, session: Session) -> None:
+        """Send what waits in the session's queue while the client can take it."""
         conn = session.connection
+        if conn is None or not session.queue:
+            return  # most acks: nothing waits (and no clock read)
         now_us = self.wall_clock_us()
-        while session.queue and conn is not None and not conn.write_paused:
+        while session.queue and not conn.write_paused:
             head = session.queue[0]
             if head.qos > QoS.AT_MOST_ONCE and not session.window_open():
                 return
