@@ -165,6 +165,9 @@ class Broker:
         self.session_of: dict[Connection, Session] = {}  # the session of each connected client
         self.stats = Stats()
         self.outbox = Outbox(self.stats, wall_clock_us, self._queue_overflow)
+        # Write every connection's pending output (Outbox.flush; bound once: it runs after
+        # every read and every journal commit).
+        self.flush_dirty: Callable[[], None] = self.outbox.flush
         self.tenancy = Tenancy(tenants, settings.node_id, local_operator_token)
         # Live connections per tenant on this node (the tenants' "sessions" gauge).
         self.connected: dict[str, int] = {}
@@ -269,10 +272,6 @@ class Broker:
             elif conn.paused_for & PAUSED_BY_ROUTING:
                 self.resume(conn, PAUSED_BY_ROUTING)
         return more
-
-    def flush_dirty(self) -> None:
-        """Write every connection's pending output (see Outbox.flush)."""
-        self.outbox.flush()
 
     def close(self, conn: Connection, reason: int | None, **kwargs: Any) -> None:
         """Close ``conn`` (after its output), MQTT 5 with DISCONNECT ``reason``."""
