@@ -1,9 +1,10 @@
 """The TCP listener: the only module that touches asyncio networking.
 
-One :class:`MqttProtocol` per TCP connection feeds bytes to its sans-IO
-:class:`~broker_edge.connection.Connection`, and after each read flushes every connection that
-got output (one ``transport.write`` each). This is also the one place where an exception
-becomes a DISCONNECT reason code: a :class:`ProtocolError` closes only that connection.
+One :class:`MqttProtocol` per TCP connection feeds bytes to the broker, which runs them through
+the connection's sans-IO :class:`~broker_edge.connection.Connection`, and after each read
+flushes every connection that got output (one ``transport.write`` each). This is also the one
+place where an exception becomes a DISCONNECT reason code: a :class:`ProtocolError` closes only
+that connection.
 Transport flow control maps onto the session: while a subscriber's socket buffer is over the
 high-water mark its deliveries wait in its bounded session queue.
 
@@ -18,7 +19,7 @@ import logging
 import typing
 
 from broker_edge.broker import Broker
-from broker_edge.connection import PAUSED_BY_ROUTING, Connection, ConnState
+from broker_edge.connection import Connection, ConnState
 from broker_edge.errors import ProtocolError
 from broker_edge.packets import ReasonCode
 from broker_edge.sysstats import PacketCounter
@@ -52,18 +53,14 @@ class MqttProtocol(asyncio.Protocol):
         transport = typing.cast(asyncio.Transport, transport)
         self._transport = transport
         peer = transport.get_extra_info("peername")
-        conn = Connection(self._broker, f"{peer[0]}:{peer[1]}" if peer else "?", self._loop.time())
-        conn.io = self
+        name = f"{peer[0]}:{peer[1]}" if peer else "?"
         high = self._broker.settings.write_buffer_high_water
         transport.set_write_buffer_limits(high=high, low=high // 4)
-        self._conn = conn
-        self._broker.stats.sockets_opened += 1
-        self._broker.awaiting_connect.add(conn)
+        self._conn = self._broker.open_connection(name, self._loop.time(), self)
 
-    # -- ConnectionIO: what the connection asks of its transport ---------------------------------
+    # -- ConnectionIO: what the broker asks of this connection's transport ----------------------
 
     def write(self, data: bytes) -> None:
-        self._broker.stats.wire_bytes_out += len(data)
         transport = self._transport
         assert transport is not None
         transport.write(data)
@@ -107,34 +104,28 @@ class MqttProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._draining:
             return  # late writes of a client we closed: read only to avoid a reset
-        stats = self._broker.stats
-        stats.wire_bytes_in += len(data)
-        stats.packets_in += self._packets.feed(data)
-        self._handle(data)
+        self._handle(data, self._packets.feed(data))
 
-    def _handle(self, data: bytes) -> None:
+    def _handle(self, data: bytes, packets: int = 0) -> None:
         """Handle one turn of packets, write what it produced, and come back for the rest of
         a big fan-out on a later loop iteration (reading paused meanwhile)."""
         conn = self._conn
         assert conn is not None
+        broker = self._broker
         more = False
         try:
-            more = conn.receive(data, self._loop.time())
+            more = broker.receive(conn, data, self._loop.time(), packets)
         except ProtocolError as exc:
-            conn.protocol_failure(exc)
+            broker.protocol_failure(conn, exc)
         except Exception as exc:
             # Our bug, not the peer's: close this one connection, keep serving everyone else.
             log.exception("internal error on connection %s", conn.peer)
-            conn.protocol_failure(
-                ProtocolError(repr(exc), ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
+            broker.protocol_failure(
+                conn, ProtocolError(repr(exc), ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
             )
-        conn.end_turn()
-        self._broker.flush_dirty()
-        if more:
-            conn.pause(PAUSED_BY_ROUTING)
+        broker.flush_dirty()
+        if more:  # reading is paused meanwhile (PAUSED_BY_ROUTING)
             self._loop.call_soon(self._next_turn)
-        else:
-            conn.resume(PAUSED_BY_ROUTING)
 
     def _next_turn(self) -> None:
         conn = self._conn
@@ -153,24 +144,12 @@ class MqttProtocol(asyncio.Protocol):
         if conn is None or self._lost:
             return
         self._lost = True
-        conn.state = ConnState.CLOSED
-        conn.out.clear()
-        broker = self._broker
-        broker.dirty.discard(conn)
-        broker.held.discard(conn)
-        broker.awaiting_connect.discard(conn)
-        broker.paused_readers.discard(conn)
-        broker.rate_paused.discard(conn)
-        broker.connection_lost(conn, self._loop.time())
-        broker.flush_dirty()
+        self._broker.connection_gone(conn, self._loop.time())
 
     def pause_writing(self) -> None:
         if self._conn is not None:
-            self._conn.write_paused = True
+            self._broker.writing_paused(self._conn, True)
 
     def resume_writing(self) -> None:
-        conn = self._conn
-        if conn is not None:
-            conn.write_paused = False
-            self._broker.writing_resumed(conn)
-            self._broker.flush_dirty()
+        if self._conn is not None:
+            self._broker.writing_paused(self._conn, False)

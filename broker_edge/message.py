@@ -16,6 +16,8 @@ class Message:
 
     __slots__ = (
         "client_id",
+        "enc",
+        "enc_key",
         "encoded",
         "payload",
         "properties",
@@ -49,7 +51,11 @@ class Message:
         self.properties = properties
         self.seq = seq
         # Encoded QoS 0 deliveries keyed by protocol version * 2 + retain flag: every QoS 0
-        # subscriber of one version gets the same bytes, so a fan-out encodes once.
+        # subscriber of one version gets the same bytes, so a fan-out encodes once. The first
+        # encoding has slots of its own (most messages have one subscriber, or subscribers of
+        # one version: no dict per message); any other goes into ``encoded``.
+        self.enc_key = -1
+        self.enc = b""
         self.encoded: dict[int, bytes] | None = None
 
     def __repr__(self) -> str:

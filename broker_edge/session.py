@@ -1,6 +1,6 @@
 """Session state of one client id: subscriptions, outbound in-flight window and offline queue.
 
-Pure data and bookkeeping; the connection drives it. The in-flight window holds QoS 1/2
+Pure data and bookkeeping; the router drives it. The in-flight window holds QoS 1/2
 deliveries awaiting PUBACK (or PUBREC/PUBCOMP); messages beyond the window wait in ``queue``,
 which is bounded by ``max_queued``: when full, the oldest QoS 0 message is dropped first, then
 the new message is refused (counted in ``dropped``) — never unbounded growth. The same policy
@@ -19,21 +19,15 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from enum import Enum
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from broker_edge.message import Message
 from broker_edge.packets import QoS, Subscription
+from broker_edge.states import Flow
 
 if TYPE_CHECKING:
     from broker_edge.connection import Connection
-
-
-class OutState(Enum):
-    AWAIT_PUBACK = 1
-    AWAIT_PUBREC = 2
-    AWAIT_PUBCOMP = 3
 
 
 @dataclass(slots=True)
@@ -41,7 +35,7 @@ class Outbound:
     message: Message
     qos: QoS
     retain: bool
-    state: OutState
+    state: Flow  # OUT_AWAIT_*: where the exchange stands (broker_edge.states)
     subscription_ids: tuple[int, ...] = ()
 
 

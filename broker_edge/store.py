@@ -37,7 +37,8 @@ from typing import Any
 from broker_edge.errors import EdgeError
 from broker_edge.message import Message
 from broker_edge.packets import NO_PROPERTIES, Properties, QoS, RetainHandling, Subscription
-from broker_edge.session import Outbound, OutState, Pending, Session
+from broker_edge.session import Outbound, Pending, Session
+from broker_edge.states import Flow
 
 FORMAT_VERSION = 1
 SNAPSHOT_NAME = "snapshot.json"
@@ -179,7 +180,7 @@ def _session_doc(s: Session) -> dict[str, Any]:
         "inflight": [
             {
                 "packet_id": pid,
-                "state": out.state.name,
+                "state": out.state.name.removeprefix("OUT_"),  # AWAIT_PUBACK ...
                 "qos": int(out.qos),
                 "retain": out.retain,
                 "message": _message_doc(out.message),
@@ -233,7 +234,7 @@ def _session_from(d: dict[str, Any], max_queued: int, max_inflight: int, since: 
             _message_from(out["message"]),
             QoS(out["qos"]),
             bool(out["retain"]),
-            OutState[out["state"]],
+            Flow["OUT_" + out["state"]],
         )
     session.restore(
         (

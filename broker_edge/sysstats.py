@@ -53,6 +53,26 @@ if TYPE_CHECKING:
     from broker_edge.broker import Broker
     from broker_edge.durability import GroupCommitter
 
+
+@dataclass(slots=True)
+class Stats:
+    messages_in: int = 0
+    messages_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    dropped: int = 0
+    # MQTT packets of any type and bytes on the wire (listener, flush_dirty), for $SYS.
+    packets_in: int = 0
+    packets_out: int = 0
+    wire_bytes_in: int = 0
+    wire_bytes_out: int = 0
+    sockets_opened: int = 0
+    connects: int = 0  # CONNECT packets received, refused ones too
+    sessions_expired: int = 0  # disconnected sessions dropped at the end of their expiry
+    # Times a publisher's reads were paused because the journal was behind.
+    reads_paused: int = 0
+
+
 PREFIX = "$SYS/broker/"
 UPTIME = PREFIX + "uptime"
 

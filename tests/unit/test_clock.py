@@ -126,4 +126,4 @@ def _rate_limited(journal: FakeJournal) -> tuple[Broker, Peer, Reading]:
     peer = connected(broker, "limited", ProtocolVersion.MQTT_3_1_1)
     journal.make_durable()
     peer.conn.rate = peer.conn.bucket = 1.0
-    return broker, peer, Reading(peer.conn)
+    return broker, peer, Reading(peer)

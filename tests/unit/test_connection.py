@@ -10,7 +10,7 @@ import pytest
 from broker_edge import sessionlog
 from broker_edge.broker import Broker
 from broker_edge.codec import Decoder, encode
-from broker_edge.connection import Connection, ConnState
+from broker_edge.connection import ConnState
 from broker_edge.errors import ProtocolError
 from broker_edge.packets import (
     Connack,
@@ -102,11 +102,10 @@ class Peer:
     def __init__(self, broker: Broker, version: ProtocolVersion) -> None:
         self.broker = broker
         self.version = version
-        self.conn = Connection(broker, "test:1", now=0.0)
         self.wire: list[bytes] = []
         self.closed = False
         self.io = FakeIO(self.wire.append, self._close)
-        self.conn.io = self.io
+        self.conn = broker.open_connection("test:1", 0.0, self.io)
         self.decoder = Decoder(protocol_version=version)
 
     def _close(self) -> None:
@@ -114,9 +113,9 @@ class Peer:
 
     def send(self, packet: Packet, now: float = 0.0) -> None:
         try:
-            self.conn.receive(encode(packet, self.version), now)
+            self.broker.receive(self.conn, encode(packet, self.version), now)
         except ProtocolError as exc:
-            self.conn.protocol_failure(exc)
+            self.broker.protocol_failure(self.conn, exc)
         self.broker.flush_dirty()
 
     def replies(self) -> list[Packet]:
@@ -170,7 +169,7 @@ def test_packet_before_connect_closes(broker):
     peer = Peer(broker, ProtocolVersion.MQTT_3_1_1)
     peer.decoder = Decoder(protocol_version=ProtocolVersion.MQTT_3_1_1)
     with pytest.raises(ProtocolError):
-        peer.conn.receive(encode(Pingreq(), ProtocolVersion.MQTT_3_1_1), 0.0)
+        broker.receive(peer.conn, encode(Pingreq(), ProtocolVersion.MQTT_3_1_1), 0.0)
 
 
 def test_second_connect_is_a_protocol_error(broker):
@@ -214,7 +213,8 @@ def test_publish_after_disconnect_is_ignored(broker, journal):
     from broker_edge.packets import Disconnect
 
     peer = connected(broker, "bye", ProtocolVersion.MQTT_3_1_1)
-    peer.conn.receive(
+    broker.receive(
+        peer.conn,
         encode(Disconnect(), ProtocolVersion.MQTT_3_1_1)
         + encode(Publish(topic="late", payload=b"x"), ProtocolVersion.MQTT_3_1_1),
         0.0,
@@ -258,15 +258,13 @@ class Reading:
     """A connection's socket reading state, driven by pause_reading/resume_reading, and the
     times the broker asked to be woken at (a fake clock: broker.tick is called by hand)."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, peer: Peer) -> None:
         self.paused = False
-        self.broker = conn.broker
+        self.broker = peer.broker
         self.wakes: list[float] = []
-        io = conn.io
-        assert isinstance(io, FakeIO)
-        io.pause_reading = self._pause
-        io.resume_reading = self._resume
-        conn.broker.wake_at = self.wakes.append
+        peer.io.pause_reading = self._pause
+        peer.io.resume_reading = self._resume
+        peer.broker.wake_at = self.wakes.append
 
     def _pause(self) -> None:
         self.paused = True
@@ -289,13 +287,14 @@ def rate_limited_publisher(journal: FakeJournal) -> tuple[Broker, Peer, Reading]
     peer = connected(broker, "limited", ProtocolVersion.MQTT_3_1_1)
     journal.make_durable()  # the connect log event
     peer.conn.rate = peer.conn.bucket = 1.0
-    return broker, peer, Reading(peer.conn)
+    return broker, peer, Reading(peer)
 
 
 def publish_three(peer: Peer) -> None:
     """Three QoS 1 publishes in one read at t=0: over the rate and over the journal backlog."""
     version = ProtocolVersion.MQTT_3_1_1
-    peer.conn.receive(
+    peer.broker.receive(
+        peer.conn,
         b"".join(
             encode(Publish(topic="t", payload=b"x", qos=QoS.AT_LEAST_ONCE, packet_id=i), version)
             for i in (1, 2, 3)
@@ -480,8 +479,7 @@ def test_publishes_of_a_failed_frame_are_refused_not_left_waiting(broker, journa
             Pubrec(packet_id=8, reason_code=0x80),
         ]
         assert peer.conn.inbound_unacked == 0
-        assert peer.conn.session is not None
-        assert not peer.conn.session.awaiting_rel
+        assert not broker.session_of[peer.conn].awaiting_rel
         assert not peer.closed
     else:
         assert peer.replies() == []

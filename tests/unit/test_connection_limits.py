@@ -38,10 +38,10 @@ def test_a_read_that_takes_too_long_is_handled_in_turns() -> None:
     ticks = iter(range(1000))
     broker.clock = lambda: next(ticks) / 1000  # every packet handled takes 1 ms
     read = b"".join(encode(Publish(topic="t", payload=b"%d" % i), V5) for i in range(20))
-    assert peer.conn.receive(read, 0.0) is True  # yields after ~5 ms of work
+    assert broker.receive(peer.conn, read, 0.0) is True  # yields after ~5 ms of work
     handled = len(broker.journal.device)  # type: ignore[attr-defined]
     assert 1 <= handled < 20
-    while peer.conn.receive(b"", next(ticks) / 1000):
+    while broker.receive(peer.conn, b"", next(ticks) / 1000):
         pass
     assert len(broker.journal.device) == 20  # type: ignore[attr-defined]
 
@@ -83,8 +83,8 @@ def test_long_distinct_topic_names_do_not_pile_up_in_the_valid_topic_cache() -> 
     for i in range(40):  # 40 x 60 KB: over the cache's character budget
         peer.send(Publish(topic=f"{i}/" + "x" * 60_000, payload=b""))
     assert peer.replies()[1:] == []
-    assert broker.valid_topic_chars <= VALID_TOPIC_CACHE_CHARS
-    assert sum(map(len, broker.valid_topics)) == broker.valid_topic_chars
+    assert broker.topics.chars <= VALID_TOPIC_CACHE_CHARS
+    assert sum(map(len, broker.topics.names)) == broker.topics.chars
     cache = broker.namespace("default").subscriptions
     assert cache.cache_bytes <= DEFAULT_CACHE_BYTES
 
@@ -107,8 +107,7 @@ def _paused_by_its_backlog() -> tuple[Broker, Peer, list[bool]]:
     peer.io.pause_reading = lambda: paused.append(True)
     peer.io.resume_reading = lambda: paused.append(False)
     read = b"".join(encode(Publish(topic="t", payload=b"x" * 30_000), V5) for _ in range(4))
-    peer.conn.receive(read, 0.0)
-    peer.conn.end_turn()  # what the listener does after each turn
+    broker.receive(peer.conn, read, 0.0)
     assert paused == [True]
     return broker, peer, paused
 

@@ -15,7 +15,6 @@ from test_connection import FakeIO
 
 from broker_edge.broker import Broker
 from broker_edge.codec import Decoder, encode
-from broker_edge.connection import Connection
 from broker_edge.packets import (
     Connect,
     Disconnect,
@@ -65,15 +64,14 @@ class Peer:
 
     def __init__(self, broker: Broker, client_id: str, *, clean: bool = True) -> None:
         self.broker = broker
-        self.conn = Connection(broker, f"test:{client_id}", now=0.0)
         self.wire: list[bytes] = []
-        self.conn.io = FakeIO(self.wire.append)
+        self.conn = broker.open_connection(f"test:{client_id}", 0.0, FakeIO(self.wire.append))
         self.decoder = Decoder(protocol_version=V4)
         self.send(Connect(client_id=client_id, protocol_version=V4, clean_start=clean))
         self.replies()
 
     def send(self, packet: Packet) -> None:
-        self.conn.receive(encode(packet, V4), 0.0)
+        self.broker.receive(self.conn, encode(packet, V4), 0.0)
         self.broker.flush_dirty()
 
     def replies(self) -> list[Packet]:
