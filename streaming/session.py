@@ -111,6 +111,9 @@ def delta_config(partitions: int = 4) -> Mapping[str, str]:
         # No table feature the light readers (delta-rs, polars, DuckDB) lack.
         "spark.databricks.delta.properties.defaults.enableDeletionVectors": "false",
         "spark.sql.session.timeZone": "UTC",
+        # Payloads (messages, quarantine) are nearly all distinct: Parquet's dictionary attempt
+        # on them is wasted work (a fifth of a batch's time, BENCHMARKS.md issue 18).
+        "spark.hadoop.parquet.enable.dictionary#payload": "false",
     }
 
 
