@@ -625,6 +625,9 @@ class Broker:
         )
 
     def _publish_will(self, tenant: str, client_id: str, will: Publish) -> None:
+        if self.tenancy.will_refused(tenant):
+            log.info("will of %s not published: tenant %s is blocked", printable(client_id), tenant)
+            return
         try:
             self.accept(tenant, client_id, will, publisher=None)
         except ProtocolError as exc:

@@ -161,11 +161,8 @@ class Tenancy:
         tenant = grant.tenant
         limits = self.limits(tenant)
         refusal = ReasonCode.QUOTA_EXCEEDED if v5 else ConnackCode311.NOT_AUTHORIZED
-        if tenant in self.blocked:
-            details: dict[str, Any] = {"refused": "connect", "reason": "quota_blocked"}
-            return Admission(
-                refusal, events=(LogEvent(tenant, "limit_exceeded", client_id, details),)
-            )
+        # A blocked tenant still connects and subscribes (its dashboard reads $quota/... and
+        # $log/... to learn why); only its publishes are refused (refuse_publish), issue 13.
         # Every session counts, the offline persistent ones too; a client taking over or
         # resuming its own session adds none.
         if (
@@ -235,7 +232,9 @@ class Tenancy:
             details: dict[str, Any] = {"action": action, "topic": topic}
             event = LogEvent(client.tenant, "acl_denied", client.client_id, details)
             return ReasonCode.NOT_AUTHORIZED, event
-        if client.tenant in self.blocked:
+        if client.tenant in self.blocked and action != "will":
+            # A will is refused for a block when it is due, not at CONNECT (will_refused): the
+            # block may be over by then, and a blocked tenant's clients may connect.
             client.usage.dropped += 1  # the tenant's own totals (usage_of): this policy's state
             return ReasonCode.QUOTA_EXCEEDED, None
         if client.max_payload and len(packet.payload) > client.max_payload:
@@ -250,6 +249,13 @@ class Tenancy:
             event = LogEvent(client.tenant, "limit_exceeded", client.client_id, details)
             return ReasonCode.QUOTA_EXCEEDED, event
         return None, None
+
+    def will_refused(self, tenant: str) -> bool:
+        """Whether a will now due is dropped: its tenant is blocked (counted as dropped)."""
+        if tenant not in self.blocked:
+            return False
+        self.usage_of(tenant).dropped += 1
+        return True
 
     # -- quota and control -------------------------------------------------------------------
 

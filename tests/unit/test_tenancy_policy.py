@@ -114,7 +114,18 @@ def test_a_quota_decision_blocks_and_says_what_to_publish() -> None:
     [(tenant, topic, _payload)] = outcome.publishes
     assert (tenant, topic) == ("acme", "$quota/messages")
     assert [e.event for e in outcome.events] == ["quota_blocked"]
-    assert admit(tenancy, "acme-1").refusal == ReasonCode.QUOTA_EXCEEDED
+    # Blocked: the tenant's clients still connect (to read why) and its publishes are refused;
+    # a will passes CONNECT and is dropped if the tenant is still blocked when it is due.
+    assert admit(tenancy, "acme-1").refusal is None
+    dev = Client("acme", "dev-1")
+    assert tenancy.refuse_publish(dev, Publish(topic="fleet/x", payload=b"1")) == (
+        ReasonCode.QUOTA_EXCEEDED,
+        None,
+    )
+    will = Publish(topic="fleet/x/status", payload=b"gone")
+    assert tenancy.refuse_publish(dev, will, action="will") == (None, None)
+    assert tenancy.will_refused("acme")
+    assert tenancy.usage_of("acme").dropped == 1
     # The same decision again: the state is published again, no new event.
     again = tenancy.control_message(OPERATOR_TENANT, "$control/quota/acme", decision)
     assert again.events == ()
@@ -122,6 +133,7 @@ def test_a_quota_decision_blocks_and_says_what_to_publish() -> None:
     assert tenancy.control_message("acme", "$control/quota/acme", b"").publishes == ()
     assert tenancy.control_message(OPERATOR_TENANT, "$control/quota/acme", b"").publishes == ()
     assert "acme" not in tenancy.blocked  # a cleared decision forgets the state
+    assert not tenancy.will_refused("acme")
 
 
 def test_the_journal_notice_for_this_node_only() -> None:
