@@ -10,10 +10,16 @@ h11's), asks the API for a reply in a worker thread (it reads the journal's file
 the reply, awaiting the transport's drain after every piece: a slow reader pauses the
 journal read, so a range of any size is served in bounded memory.
 
-Endpoints (``/metrics`` will join them, issue 13):
+Endpoints:
 
 * ``GET /healthz`` — ``{"status": "ok"}`` while the edge runs; no token needed (it says nothing
   but "up", for load balancers and supervisors).
+* ``GET /readyz`` — 200 ``{"status": "ready"}`` while the journal takes publishes, else 503
+  ``{"status": "not ready", "reason": ...}`` (the journal is full or failing: publishes are
+  refused); no token needed.
+* ``GET /metrics`` — the edge's Prometheus metrics (``broker_edge.metrics``): connections,
+  sessions, subscriptions, messages and bytes in and out, per-tenant counters, the journal's
+  bytes, state and lag behind the lake, quota states.
 * ``GET /journal`` — ``{"node", "first_seq", "last_seq"}``: the oldest seq still on disk (null
   before the first segment) and the newest *durable* seq (the ``DURABLE`` watermark).
 * ``GET /journal/records?after=A&upto=B`` — the records with ``A < seq <= B`` as one Arrow IPC
@@ -22,9 +28,9 @@ Endpoints (``/metrics`` will join them, issue 13):
   (413 beyond); ``B`` past the durable watermark is 416, records retention removed 410: both
   say which seqs in the JSON error body, and nothing is ever served past the watermark.
 
-The journal endpoints need ``Authorization: Bearer <operator token>``: 401 without it, 403 with
-another token. Without an operator token (no tenants file) they are open, which the edge allows
-only on a loopback address (:func:`check_exposure`).
+The journal endpoints and ``/metrics`` need ``Authorization: Bearer <operator token>``: 401
+without it, 403 with another token. Without an operator token (no tenants file) they are open,
+which the edge allows only on a loopback address (:func:`check_exposure`).
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ import http
 import ipaddress
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +57,7 @@ log = logging.getLogger(__name__)
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 JSON = "application/json"
+METRICS_TEXT = "text/plain; version=0.0.4; charset=utf-8"  # Prometheus's text format
 # A request line and headers beyond this are refused (h11 answers 431 for us).
 MAX_HEADER_BYTES = 16 * 1024
 # A connection idle this long between requests is closed.
@@ -97,17 +104,34 @@ def check_exposure(host: str, token: str | None) -> None:
 class HttpApi:
     """Requests in, :class:`Reply` out, for one node's journal (runs in a worker thread)."""
 
-    def __init__(self, node_dir: Path, token: str | None, *, max_records: int) -> None:
+    def __init__(
+        self,
+        node_dir: Path,
+        token: str | None,
+        *,
+        max_records: int,
+        metrics: Callable[[], bytes] | None = None,
+        unready: Callable[[], str | None] | None = None,
+    ) -> None:
+        """``metrics``: the exposition text; ``unready``: why publishes are refused now (None:
+        ready). Both are called from a worker thread (the edge hops to its loop for them)."""
         self.node = node_dir.name
         self.token = token  # replaced on SIGHUP when the tenants file changes
         self._node_dir = node_dir
         self._max_records = max_records
         self._journal = JournalReader(node_dir)
+        self._metrics = metrics
+        self._unready = unready
 
     def handle(self, method: str, target: str, headers: Headers) -> Reply:
         url = urlsplit(target)
         if url.path == "/healthz":
             return self._only_get(method) or Reply(200, body=b'{"status": "ok"}')
+        if url.path == "/readyz" and self._unready is not None:
+            return self._only_get(method) or self._readiness(self._unready())
+        if url.path == "/metrics" and self._metrics is not None:
+            refused = self._only_get(method) or self._authorize(headers)
+            return refused or Reply(200, body=self._metrics(), content_type=METRICS_TEXT)
         if url.path not in ("/journal", "/journal/records"):
             return _error(404, f"no such resource {url.path!r}")
         refused = self._only_get(method) or self._authorize(headers)
@@ -121,6 +145,12 @@ class HttpApi:
             }
             return Reply(200, body=json.dumps(body).encode())
         return self._records(parse_qs(url.query))
+
+    @staticmethod
+    def _readiness(reason: str | None) -> Reply:
+        if reason is None:
+            return Reply(200, body=b'{"status": "ready"}')
+        return Reply(503, body=json.dumps({"status": "not ready", "reason": reason}).encode())
 
     @staticmethod
     def _only_get(method: str) -> Reply | None:

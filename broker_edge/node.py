@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from broker_edge import sessionlog, store
 from broker_edge.broker import Broker
@@ -22,6 +24,7 @@ from broker_edge.errors import ConfigError
 from broker_edge.http_api import HttpApi, HttpServer, check_exposure
 from broker_edge.listener import MqttProtocol
 from broker_edge.message import Message
+from broker_edge.metrics import Snapshot, exposition
 from broker_edge.packets import QoS, ReasonCode
 from broker_edge.settings import EdgeSettings
 from broker_edge.sysstats import SysTree, installed_version, sample
@@ -33,6 +36,9 @@ from schemas.operator_token import OperatorTokenError
 log = logging.getLogger(__name__)
 
 HOUSEKEEPING_INTERVAL = 1.0
+# How long an HTTP worker waits for the loop to read the broker's numbers (/metrics, /readyz).
+LOOP_READ_TIMEOUT = 5.0
+_T = TypeVar("_T")
 
 
 class EdgeNode:
@@ -144,6 +150,8 @@ class EdgeNode:
                 settings.journal_root / settings.node_id,
                 http_token,
                 max_records=settings.http_max_records,
+                metrics=lambda: exposition(_on_loop(loop, self._metrics_snapshot)),
+                unready=lambda: _on_loop(loop, self._unready),
             )
             self.http = HttpServer(api)
             await self.http.start(*settings.http_address)
@@ -358,6 +366,25 @@ class EdgeNode:
             # Statistics are not worth the node: log our bug and try again next interval.
             log.exception("$SYS update failed")
 
+    def _metrics_snapshot(self) -> Snapshot:
+        """What ``/metrics`` shows, read on the loop (the broker is the loop's alone)."""
+        broker = self.broker
+        assert broker is not None
+        uptime = int(asyncio.get_running_loop().time() - self.started_at)
+        tenancy = broker.tenancy
+        return Snapshot(
+            sample(broker, uptime, self._committer),
+            {tenant: dataclasses.replace(usage) for tenant, usage in tenancy.usage.items()},
+            {tenant: dict(decisions) for tenant, decisions in tenancy.quota.items()},
+        )
+
+    def _unready(self) -> str | None:
+        """Why the edge refuses publishes now (its journal is full or failing), or None."""
+        status = self._committer.status if self._committer is not None else None
+        if status is None or status.state == "ok":
+            return None
+        return f"journal {status.state}: {status.error if status.state == 'error' else status.full}"
+
     def _journal_status_changed(self, status: JournalStatus) -> None:
         """The journal became full, failing or fine again: ``$SYS`` says so at once."""
         if self._sys is not None:
@@ -420,3 +447,12 @@ def _message_from_row(row: dict[str, Any]) -> Message:
 
 def _no_wake(at: float) -> None:
     del at
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop, read: Callable[[], _T]) -> _T:
+    """``read()`` run on ``loop``'s thread, from another thread (the HTTP server's workers)."""
+
+    async def call() -> _T:
+        return read()
+
+    return asyncio.run_coroutine_threadsafe(call(), loop).result(timeout=LOOP_READ_TIMEOUT)
