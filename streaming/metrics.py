@@ -87,7 +87,7 @@ class PipelineMetrics:
         )
         self.step_seconds = Counter(
             f"{PREFIX}_step_seconds",
-            "time spent per step of the micro-batches (route, each table, usage and quota)",
+            "time per step of the micro-batches (messages, the second read, each other table)",
             ["step"],
             registry=self.registry,
         )
