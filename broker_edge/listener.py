@@ -1,6 +1,8 @@
-"""The TCP listener: the only module that touches asyncio networking.
+"""The MQTT listener's protocol: with the TLS gate (:mod:`broker_edge.tls`) and the WebSocket
+framing (:mod:`broker_edge.websocket`) that wrap it, the only code that touches asyncio
+networking.
 
-One :class:`MqttProtocol` per TCP connection feeds bytes to the broker, which runs them through
+One :class:`MqttProtocol` per connection (plain TCP, TLS, WebSocket: it only sees a transport) feeds bytes to the broker, which runs them through
 the connection's sans-IO :class:`~broker_edge.connection.Connection`, and after each read
 flushes every connection that got output (one ``transport.write`` each). This is also the one
 place where an exception becomes a DISCONNECT reason code: a :class:`ProtocolError` closes only
@@ -52,8 +54,7 @@ class MqttProtocol(asyncio.Protocol):
         # uvloop's transports implement asyncio.Transport without subclassing it.
         transport = typing.cast(asyncio.Transport, transport)
         self._transport = transport
-        peer = transport.get_extra_info("peername")
-        name = f"{peer[0]}:{peer[1]}" if peer else "?"
+        name = peer_name(transport)
         high = self._broker.settings.write_buffer_high_water
         transport.set_write_buffer_limits(high=high, low=high // 4)
         self._conn = self._broker.open_connection(name, self._loop.time(), self)
@@ -153,3 +154,9 @@ class MqttProtocol(asyncio.Protocol):
     def resume_writing(self) -> None:
         if self._conn is not None:
             self._broker.writing_paused(self._conn, False)
+
+
+def peer_name(transport: asyncio.BaseTransport) -> str:
+    """``HOST:PORT`` of the socket's other end, as logs and log events name it."""
+    peer = transport.get_extra_info("peername")
+    return f"{peer[0]}:{peer[1]}" if peer else "?"

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import logging
 import socket
+import ssl
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -28,7 +29,10 @@ from broker_edge.metrics import Snapshot, exposition
 from broker_edge.packets import QoS, ReasonCode
 from broker_edge.settings import EdgeSettings
 from broker_edge.sysstats import SysTree, installed_version, sample
+from broker_edge.tenants import OPERATOR_TENANT
 from broker_edge.tenants import load as tenants_load
+from broker_edge.tls import Handshakes, server_context
+from broker_edge.websocket import WebSocketProtocol
 from ingest.journal import OS_FILES, FileOps, JournalReader, JournalWriter
 from schemas import operator_token
 from schemas.operator_token import OperatorTokenError
@@ -55,7 +59,10 @@ class EdgeNode:
         self.tenants_file = tenants_file
         self._journal_files = journal_files  # the journal's file layer (tests inject faults)
         self.port = settings.port
-        self._server: asyncio.Server | None = None
+        # Every MQTT listener's bound port by kind (mqtt, tls, ws, wss: settings.listeners).
+        self.ports: dict[str, int] = {}
+        self._servers: list[asyncio.Server] = []
+        self._handshakes: Handshakes | None = None
         self._committer: GroupCommitter | None = None
         # The broker's tick (keepalives, wills, expiry, rate limits): see _wake_at.
         self._tick_handle: asyncio.TimerHandle | None = None
@@ -85,6 +92,7 @@ class EdgeNode:
     async def start(self) -> None:
         settings = self.settings
         loop = asyncio.get_running_loop()
+        tls_context = server_context(settings)  # a bad certificate: refused before anything opens
         tenants = tenants_load(self.tenants_file) if self.tenants_file is not None else None
         # No operator token configured: the edge's own, for the local pipeline's journal
         # notices (schemas.operator_token), or the journal would never be trimmed.
@@ -136,15 +144,7 @@ class EdgeNode:
         broker.wake_at = self._wake_at
         committer.start()
         self._committer = committer
-        self._server = await loop.create_server(
-            lambda: MqttProtocol(broker, loop),
-            host=settings.host,
-            port=settings.port,
-            reuse_address=True,
-            backlog=4096,
-        )
-        sock: socket.socket = self._server.sockets[0]
-        self.port = sock.getsockname()[1]
+        await self._listen(broker, loop, tls_context)
         if settings.http_listen:
             api = HttpApi(
                 settings.journal_root / settings.node_id,
@@ -168,14 +168,64 @@ class EdgeNode:
         if settings.sys_interval > 0:
             self._sys = loop.create_task(self._publish_sys(settings.sys_interval), name="sys")
         log.info(
-            "edge %s listening on %s:%d, journal %s (fsync=%s), next seq %d",
+            "edge %s listening on %s, journal %s (fsync=%s), next seq %d",
             settings.node_id,
-            settings.host,
-            self.port,
+            ", ".join(
+                f"{kind} {host}:{self.ports[kind]}"
+                for kind, (host, _) in settings.listeners.items()
+            ),
             settings.journal_root / settings.node_id,
             settings.journal_fsync,
             writer.next_seq,
         )
+
+    async def _listen(
+        self, broker: Broker, loop: asyncio.AbstractEventLoop, tls: ssl.SSLContext | None
+    ) -> None:
+        """Open every MQTT listener (settings.listeners), all feeding ``broker``."""
+        if tls is not None:
+            self._handshakes = Handshakes(
+                loop, tls, self._tls_refused, self.settings.connect_timeout
+            )
+        for kind, (host, port) in self.settings.listeners.items():
+            server = await loop.create_server(
+                self._protocol_factory(kind, broker, loop),
+                host=host,
+                port=port,
+                reuse_address=True,
+                backlog=4096,
+            )
+            self._servers.append(server)
+            sock: socket.socket = server.sockets[0]
+            self.ports[kind] = sock.getsockname()[1]
+        self.port = self.ports["mqtt"]
+
+    def _protocol_factory(
+        self, kind: str, broker: Broker, loop: asyncio.AbstractEventLoop
+    ) -> Callable[[], asyncio.Protocol]:
+        """What each socket accepted by the ``kind`` listener starts with."""
+
+        def mqtt() -> asyncio.Protocol:
+            return MqttProtocol(broker, loop)
+
+        def websocket() -> asyncio.Protocol:
+            return WebSocketProtocol(loop, mqtt, self.settings.connect_timeout)
+
+        inner = websocket if kind in ("ws", "wss") else mqtt
+        if kind in ("tls", "wss"):
+            assert self._handshakes is not None
+            return self._handshakes.gate(inner)
+        return inner
+
+    def _tls_refused(self, peer: str, reason: str) -> None:
+        """A TLS handshake failed: one log line, one event in the operator's ``$log``."""
+        log.warning("TLS handshake with %s failed: %s", peer, reason)
+        broker = self.broker
+        if broker is None:
+            return
+        details = {"peer": peer, "reason": reason[:300]}
+        broker.log(OPERATOR_TENANT, "tls_handshake_failed", "", details, origin="tls")
+        broker.flush_dirty()
 
     @property
     def state_dir(self) -> Path:
@@ -392,8 +442,10 @@ class EdgeNode:
 
     async def stop(self) -> None:
         """Stop accepting, close clients (MQTT 5: DISCONNECT 0x8B), flush the journal."""
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
+        if self._handshakes is not None:
+            self._handshakes.close()
         if self.broker is not None:
             self.broker.wake_at = _no_wake  # what closing the clients makes due never runs
         if self._tick_handle is not None:
@@ -419,9 +471,9 @@ class EdgeNode:
                 self.broker.session_log = None
             self._session_log.close()
             self._session_log = None
-        if self._server is not None:
-            await self._server.wait_closed()
-        self._server = None
+        for server in self._servers:
+            await server.wait_closed()
+        self._servers = []
 
 
 def _message_from_row(row: dict[str, Any]) -> Message:

@@ -85,6 +85,17 @@ class EdgeSettings:
     http_listen: str = ""
     # Records one HTTP request may ask for (413 beyond): what one request costs the edge.
     http_max_records: int = 1_000_000
+    # More MQTT listeners, all feeding the same broker ("" = none), as HOST:PORT: MQTT over TLS
+    # (1.2+), over WebSocket (path /mqtt, subprotocol mqtt) and over WebSocket over TLS.
+    listen_tls: str = ""
+    listen_ws: str = ""
+    listen_wss: str = ""
+    # The TLS listeners' certificate chain and private key (PEM files; both needed by either
+    # TLS listener), and, when set, the CAs a client certificate must be signed by: every TLS
+    # client must then present one (broker_edge.tls).
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_cafile: str = ""
 
     def __post_init__(self) -> None:
         _require(0 <= self.port <= 65_535, "edge.port", f"must be 0..65535, got {self.port}")
@@ -168,6 +179,20 @@ class EdgeSettings:
 
         if self.http_listen:
             self.http_address  # noqa: B018 (validates)
+        self.listeners  # noqa: B018 (validates)
+        tls = bool(self.listen_tls or self.listen_wss)
+        for key in ("tls_cert", "tls_key"):
+            _require(
+                bool(getattr(self, key)) or not tls,
+                f"edge.{key}",
+                "needed by listen_tls and listen_wss (a PEM file)",
+            )
+        for key in ("tls_cert", "tls_key", "tls_cafile"):
+            _require(
+                not getattr(self, key) or tls,
+                f"edge.{key}",
+                "set but no TLS listener uses it (set listen_tls or listen_wss)",
+            )
         _require(
             self.http_max_records >= 1,
             "edge.http_max_records",
@@ -181,13 +206,26 @@ class EdgeSettings:
     @property
     def http_address(self) -> tuple[str, int]:
         """``http_listen`` as (host, port); ConfigError naming the key when it is not one."""
-        host, sep, port = self.http_listen.rpartition(":")
-        host = host.strip("[]")
-        if not sep or not host or not port.isdigit() or int(port) > 65_535:
-            raise ConfigError(
-                f"edge.http_listen: expected HOST:PORT (port 0..65535), got {self.http_listen!r}"
-            )
-        return host, int(port)
+        return host_port("edge.http_listen", self.http_listen)
+
+    @property
+    def listeners(self) -> dict[str, tuple[str, int]]:
+        """Every MQTT listener by kind (``mqtt``, ``tls``, ``ws``, ``wss``) and its address."""
+        found = {"mqtt": (self.host, self.port)}
+        for kind in ("tls", "ws", "wss"):
+            value = getattr(self, f"listen_{kind}")
+            if value:
+                found[kind] = host_port(f"edge.listen_{kind}", value)
+        return found
+
+
+def host_port(key: str, value: str) -> tuple[str, int]:
+    """``value`` (HOST:PORT, [V6]:PORT) as (host, port); ConfigError naming ``key`` if not."""
+    host, sep, port = value.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or int(port) > 65_535:
+        raise ConfigError(f"{key}: expected HOST:PORT (port 0..65535), got {value!r}")
+    return host, int(port)
 
 
 def _require(ok: bool, key: str, problem: str) -> None:

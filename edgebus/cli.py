@@ -55,6 +55,19 @@ def _parser() -> argparse.ArgumentParser:
         help="HOST:PORT serving the durable journal to remote pipelines, and /healthz "
         "(bearer: the tenants file's operator token; without one, loopback only)",
     )
+    for kind, what in (
+        ("tls", "MQTT over TLS 1.2+ (needs --cert and --key)"),
+        ("ws", "MQTT over WebSocket (path /mqtt, subprotocol mqtt)"),
+        ("wss", "MQTT over WebSocket over TLS (needs --cert and --key)"),
+    ):
+        edge.add_argument(f"--listen-{kind}", type=_host_port, metavar="HOST:PORT", help=what)
+    edge.add_argument("--cert", metavar="FILE", help="the TLS listeners' certificate chain (PEM)")
+    edge.add_argument("--key", metavar="FILE", help="its private key (PEM, unencrypted)")
+    edge.add_argument(
+        "--cafile",
+        metavar="FILE",
+        help="CA certificates (PEM): TLS clients must present a certificate one of them signed",
+    )
     edge.add_argument(
         "--loop", choices=("auto", "uvloop", "asyncio"), default="auto", help="event loop"
     )
@@ -176,7 +189,13 @@ def _edge(args: argparse.Namespace) -> int:
         "host": args.listen[0] if args.listen else None,
         "port": args.listen[1] if args.listen else None,
         "http_listen": _join_host_port(args.http) if args.http else None,
+        "tls_cert": args.cert,
+        "tls_key": args.key,
+        "tls_cafile": args.cafile,
     }
+    for kind in ("tls", "ws", "wss"):
+        address = getattr(args, f"listen_{kind}")
+        overrides[f"listen_{kind}"] = _join_host_port(address) if address else None
     settings = load_edge(args.config, overrides, defaults={"node_id": socket.gethostname()})
     runner = _event_loop_runner(args.loop)
     if args.tenants is not None:
@@ -228,6 +247,10 @@ async def _serve_edge(settings: Any, tenants: Path | None) -> None:
         if node.http is not None:
             host = settings.http_address[0]
             print(f"edgebus edge {settings.node_id} http on {host}:{node.http.port}", flush=True)
+        for kind, (host, _) in settings.listeners.items():
+            if kind != "mqtt":  # after the first two lines, which scripts read as they are
+                print(f"edgebus edge {settings.node_id} {kind} on {host}:{node.ports[kind]}")
+        sys.stdout.flush()
         await stop.wait()
         log.info("signal received: stopping")
     log.info("edge stopped cleanly")

@@ -29,6 +29,8 @@ LOG_EVENTS = frozenset(
         "journal_full",
         "journal_error",
         "journal_resumed",
+        # A socket on a TLS listener that did not complete its handshake (broker_edge.tls).
+        "tls_handshake_failed",
     }
 )
 

@@ -194,12 +194,20 @@ def make_client() -> Iterator[Any]:
         keepalive: int = 60,
         will: tuple[str, bytes, int, bool] | None = None,
         username: str | None = None,
+        transport: str = "tcp",
+        tls: dict[str, Any] | None = None,
     ) -> Client:
+        """``transport="websockets"``: MQTT over WebSocket at /mqtt; ``tls``: tls_set's
+        arguments (the CA, a client certificate)."""
         cid = client_id if client_id is not None else f"c-{uuid.uuid4().hex[:8]}"
-        kwargs: dict[str, Any] = {"client_id": cid, "protocol": protocol}
+        kwargs: dict[str, Any] = {"client_id": cid, "protocol": protocol, "transport": transport}
         if protocol != mqtt.MQTTv5:
             kwargs["clean_session"] = clean_session
         paho = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, **kwargs)
+        if transport == "websockets":
+            paho.ws_set_options(path="/mqtt")
+        if tls is not None:
+            paho.tls_set(**tls)
         client = Client(paho)
         connected: queue.Queue[Any] = queue.Queue()
         paho.on_connect = lambda c, u, flags, rc, props: connected.put((flags, rc))

@@ -1,0 +1,292 @@
+"""MQTT over TLS, WebSocket and WebSocket over TLS (issue 13), on both event loops: stock paho
+clients on every listener of one edge, which all feed the same broker; client certificates;
+clean refusals with a ``tls_handshake_failed`` log event; WebSocket handshakes and framing."""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import ssl
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as mqtt
+import pytest
+from certs import Certs, make_certs
+from conftest import TIMEOUT, RunningEdge
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import AcceptConnection, BytesMessage, CloseConnection, Request
+
+from broker_edge.codec import Decoder, encode
+from broker_edge.packets import (
+    Connack,
+    Connect,
+    Disconnect,
+    ProtocolVersion,
+    Publish,
+    QoS,
+    Suback,
+    Subscribe,
+    Subscription,
+)
+from ingest.journal import JournalReader
+
+TENANT = "acme-1"
+OPERATOR = "op-token"
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    return make_certs(tmp_path_factory.mktemp("certs"))
+
+
+def _listeners(certs: Certs, **more: Any) -> dict[str, Any]:
+    return {
+        "listen_tls": "127.0.0.1:0",
+        "listen_ws": "127.0.0.1:0",
+        "listen_wss": "127.0.0.1:0",
+        "tls_cert": str(certs.server_cert),
+        "tls_key": str(certs.server_key),
+        "journal_fsync": False,
+        **more,
+    }
+
+
+@pytest.fixture
+def tls_edge(make_edge: Any, tenants_file: Path, certs: Certs) -> RunningEdge:
+    edge: RunningEdge = make_edge(tenants_file, **_listeners(certs))
+    return edge
+
+
+@pytest.fixture
+def mtls_edge(make_edge: Any, tenants_file: Path, certs: Certs) -> RunningEdge:
+    """Client certificates required: the test CA's."""
+    edge: RunningEdge = make_edge(tenants_file, **_listeners(certs, tls_cafile=str(certs.ca)))
+    return edge
+
+
+def _on(edge: RunningEdge, kind: str, certs: Certs, **tls: Any) -> dict[str, Any]:
+    """make_client's arguments for the ``kind`` listener."""
+    kwargs: dict[str, Any] = {"port": edge.node.ports[kind], "username": TENANT}
+    if kind in ("ws", "wss"):
+        kwargs["transport"] = "websockets"
+    if kind in ("tls", "wss"):
+        kwargs["tls"] = {"ca_certs": str(certs.ca), **tls}
+    return kwargs
+
+
+@pytest.mark.parametrize(
+    ("publisher", "subscriber"),
+    [("tls", "mqtt"), ("wss", "mqtt"), ("mqtt", "wss"), ("mqtt", "ws"), ("ws", "tls")],
+)
+def test_every_listener_feeds_the_same_broker(
+    tls_edge: RunningEdge, make_client: Any, certs: Certs, publisher: str, subscriber: str
+) -> None:
+    sub = make_client(**_on(tls_edge, subscriber, certs))
+    sub.subscribe("fleet/#", qos=1)
+    pub = make_client(**_on(tls_edge, publisher, certs))
+    payload = f"from {publisher} to {subscriber}".encode()
+    pub.publish(f"fleet/{publisher}/telemetry", payload, qos=1)  # acked: journaled
+    got = sub.get()
+    assert (got.topic, got.payload, got.qos) == (f"fleet/{publisher}/telemetry", payload, 1)
+    journal = JournalReader(tls_edge.settings.journal_root / tls_edge.settings.node_id)
+    records = list(journal.read_records(0, journal.last_seq()))
+    assert any(r["payload"] == payload and r["tenant"] == "acme" for r in records)
+
+
+def test_client_certificates_required_with_a_cafile(
+    mtls_edge: RunningEdge, make_client: Any, certs: Certs
+) -> None:
+    operator = make_client(port=mtls_edge.port, username=OPERATOR)
+    operator.subscribe("$log/tls/#", qos=1)
+    good = {"certfile": str(certs.client_cert), "keyfile": str(certs.client_key)}
+    rogue = {"certfile": str(certs.rogue_cert), "keyfile": str(certs.rogue_key)}
+    for kind in ("tls", "wss"):
+        sub = make_client(**_on(mtls_edge, kind, certs, **good))
+        sub.subscribe("fleet/#")
+        for refused, reason in (({}, "CERTIFICATE"), (rogue, "certificate verify failed")):
+            _refused(mtls_edge.node.ports[kind], certs, **refused)
+            event = json.loads(operator.get().payload)
+            assert event["event"] == "tls_handshake_failed"
+            assert event["details"]["peer"].startswith("127.0.0.1:")
+            assert reason in event["details"]["reason"]
+        # The edge kept serving: the client with a good certificate still gets its messages.
+        make_client(**_on(mtls_edge, kind, certs, **good)).publish("fleet/x", b"after", qos=1)
+        assert sub.get().payload == b"after"
+
+
+def _refused(port: int, certs: Certs, **tls: Any) -> None:
+    """A paho client over TLS is never connected: the handshake (TLS 1.2) or the first read
+    after it (TLS 1.3, where the server checks the certificate after the client is done)
+    fails."""
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="refused")
+    client.tls_set(ca_certs=str(certs.ca), **tls)
+    connacks: list[Any] = []
+    client.on_connect = lambda c, u, flags, rc, props: connacks.append(rc)
+    try:
+        client.connect("127.0.0.1", port)
+        for _ in range(int(TIMEOUT / 0.1)):
+            if client.loop(0.1) != mqtt.MQTT_ERR_SUCCESS:
+                break
+    except (ssl.SSLError, OSError):
+        pass  # refused during the handshake
+    finally:
+        client.disconnect()
+    assert connacks == []
+
+
+@pytest.mark.parametrize(
+    "hello",
+    [
+        encode(Connect("plain"), ProtocolVersion.MQTT_3_1_1),  # plain MQTT on the TLS port
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+    ],
+)
+def test_a_plain_client_on_the_tls_port_is_refused_cleanly(
+    tls_edge: RunningEdge, make_client: Any, certs: Certs, hello: bytes
+) -> None:
+    operator = make_client(port=tls_edge.port, username=OPERATOR)
+    operator.subscribe("$log/tls/#", qos=1)
+    with socket.create_connection(("127.0.0.1", tls_edge.node.ports["tls"]), TIMEOUT) as sock:
+        sock.sendall(hello)
+        assert _read_all(sock) == b""  # closed without a byte
+    event = json.loads(operator.get().payload)
+    assert event["event"] == "tls_handshake_failed", event
+    assert event["details"]["reason"] in {
+        "[SSL: WRONG_VERSION_NUMBER] wrong version number",
+        "[SSL: HTTP_REQUEST] http request",
+    }
+    make_client(**_on(tls_edge, "tls", certs)).publish("fleet/x", b"still serving", qos=1)
+
+
+def test_a_tls_client_on_a_plain_port_is_refused_cleanly(
+    tls_edge: RunningEdge, make_client: Any, certs: Certs
+) -> None:
+    context = ssl.create_default_context(cafile=str(certs.ca))
+    for kind in ("mqtt", "ws"):
+        with (
+            socket.create_connection(("127.0.0.1", tls_edge.node.ports[kind]), TIMEOUT) as raw,
+            pytest.raises((ssl.SSLError, ConnectionError)),
+        ):
+            context.wrap_socket(raw, server_hostname="localhost")
+        make_client(**_on(tls_edge, kind, certs)).publish("fleet/x", b"still serving", qos=1)
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    data = b""
+    while chunk := sock.recv(65_536):
+        data += chunk
+    return data
+
+
+def _upgrade(port: int, target: str, subprotocols: list[str]) -> tuple[bytes, socket.socket]:
+    """Send a WebSocket upgrade request; the response head and the socket."""
+    sock = socket.create_connection(("127.0.0.1", port), TIMEOUT)
+    key = base64.b64encode(b"0123456789abcdef").decode()
+    lines = [
+        f"GET {target} HTTP/1.1",
+        "Host: localhost",
+        "Upgrade: websocket",
+        "Connection: Upgrade",
+        f"Sec-WebSocket-Key: {key}",
+        "Sec-WebSocket-Version: 13",
+    ]
+    if subprotocols:
+        lines.append(f"Sec-WebSocket-Protocol: {', '.join(subprotocols)}")
+    sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = sock.recv(1)
+        assert chunk, head
+        head += chunk
+    return head, sock
+
+
+@pytest.mark.parametrize(
+    ("target", "subprotocols", "status"),
+    [
+        ("/mqtt", ["mqtt"], b"101"),
+        ("/mqtt?x=1", ["foo", "mqtt"], b"101"),
+        ("/", ["mqtt"], b"404"),
+        ("/other", ["mqtt"], b"404"),
+        ("/mqtt", [], b"400"),
+        ("/mqtt", ["foo"], b"400"),
+    ],
+)
+def test_websocket_upgrade_needs_path_mqtt_and_subprotocol_mqtt(
+    tls_edge: RunningEdge, target: str, subprotocols: list[str], status: bytes
+) -> None:
+    head, sock = _upgrade(tls_edge.node.ports["ws"], target, subprotocols)
+    with sock:
+        assert head.split(b" ")[1] == status, head
+        if status == b"101":
+            assert b"\r\nsec-websocket-protocol: mqtt\r\n" in head.lower()
+        else:
+            assert b"sec-websocket-protocol" not in head.lower()
+            assert b"\r\ncontent-length:" in head.lower()
+
+
+def test_packets_span_frames_and_frames_hold_packets(tls_edge: RunningEdge) -> None:
+    """CONNECT and SUBSCRIBE in one frame, a PUBLISH cut across three; then a second client
+    with the same id takes the session over: the first gets its DISCONNECT, then a close frame.
+    """
+    v5 = ProtocolVersion.MQTT_5
+    first = _WsClient(tls_edge.node.ports["ws"])
+    first.send(
+        encode(Connect("ws-1", v5, username=TENANT), v5)
+        + encode(Subscribe(1, (Subscription("fleet/#", QoS.AT_LEAST_ONCE),)), v5)
+    )
+    assert isinstance(first.packet(), Connack)
+    assert isinstance(first.packet(), Suback)
+    publish = encode(Publish("fleet/a", b"x" * 300), v5)
+    for cut in (publish[:1], publish[1:150], publish[150:]):
+        first.send(cut)
+    got = first.packet()
+    assert isinstance(got, Publish)
+    assert got.payload == b"x" * 300
+    second = _WsClient(tls_edge.node.ports["ws"])
+    second.send(encode(Connect("ws-1", v5, username=TENANT), v5))
+    assert isinstance(second.packet(), Connack)
+    kicked = first.packet()
+    assert isinstance(kicked, Disconnect)
+    assert kicked.reason_code == 0x8E  # session taken over
+    assert first.closed() == 1000
+
+
+class _WsClient:
+    """A raw WebSocket client (wsproto) that speaks MQTT 5 bytes."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), TIMEOUT)
+        self.ws = WSConnection(ConnectionType.CLIENT)
+        self.decoder = Decoder(protocol_version=ProtocolVersion.MQTT_5)
+        self.events: list[Any] = []
+        request = Request(host="localhost", target="/mqtt", subprotocols=["mqtt"])
+        self.sock.sendall(self.ws.send(request))
+        assert isinstance(self._event(), AcceptConnection)
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(self.ws.send(BytesMessage(data=data)))
+
+    def _event(self) -> Any:
+        while not self.events:
+            data = self.sock.recv(65_536)
+            self.ws.receive_data(data or None)
+            self.events.extend(self.ws.events())
+        return self.events.pop(0)
+
+    def packet(self) -> Any:
+        while (packet := self.decoder.next_packet()) is None:
+            event = self._event()
+            assert isinstance(event, BytesMessage), event
+            self.decoder.feed(bytes(event.data))
+        return packet
+
+    def closed(self) -> int:
+        event = self._event()
+        assert isinstance(event, CloseConnection), event
+        self.sock.sendall(self.ws.send(event.response()))
+        assert self.sock.recv(1) == b""  # then the edge closes the socket
+        self.sock.close()
+        return event.code
