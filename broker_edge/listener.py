@@ -2,11 +2,11 @@
 framing (:mod:`broker_edge.websocket`) that wrap it, the only code that touches asyncio
 networking.
 
-One :class:`MqttProtocol` per connection (plain TCP, TLS, WebSocket: it only sees a transport) feeds bytes to the broker, which runs them through
-the connection's sans-IO :class:`~broker_edge.connection.Connection`, and after each read
-flushes every connection that got output (one ``transport.write`` each). This is also the one
-place where an exception becomes a DISCONNECT reason code: a :class:`ProtocolError` closes only
-that connection.
+One :class:`MqttProtocol` per connection (plain TCP, TLS or WebSocket: it only sees a
+transport) feeds bytes to the broker, which runs them through the connection's sans-IO
+:class:`~broker_edge.connection.Connection`, and after each read flushes every connection that
+got output (one ``transport.write`` each). This is also the one place where an exception
+becomes a DISCONNECT reason code: a :class:`ProtocolError` closes only that connection.
 Transport flow control maps onto the session: while a subscriber's socket buffer is over the
 high-water mark its deliveries wait in its bounded session queue.
 

@@ -40,6 +40,10 @@ class EdgeProcess:
     mqtt_port: int = 0
     http_port: int = 0
     config: Path | None = None  # an [edge] settings file
+    # More arguments: --listen-tls/--listen-ws/--listen-wss HOST:PORT, --cert ...
+    extra: tuple[str, ...] = ()
+    # The bound port of every MQTT listener by kind (mqtt, tls, ws, wss), once started.
+    ports: dict[str, int] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @property
@@ -54,6 +58,7 @@ class EdgeProcess:
             *("--data-dir", str(self.data_dir), "--node-id", self.node),
             *("--tenants", str(self.tenants)),
             *(("--config", str(self.config)) if self.config is not None else ()),
+            *self.extra,
         ]
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
         with self.log.open("ab") as log:
@@ -69,6 +74,11 @@ class EdgeProcess:
         assert " http on 127.0.0.1:" in lines[1], (lines, self.log.read_text()[-2000:])
         self.mqtt_port = int(lines[0].rsplit(":", 1)[1])
         self.http_port = int(lines[1].rsplit(":", 1)[1])
+        self.ports = {"mqtt": self.mqtt_port}
+        for _ in range(sum(arg.startswith("--listen-") for arg in self.extra)):
+            line = self.proc.stdout.readline().decode()  # "edgebus edge NODE KIND on HOST:PORT"
+            kind = line.split()[3]
+            self.ports[kind] = int(line.rsplit(":", 1)[1])
         return self
 
     def stop(self) -> None:

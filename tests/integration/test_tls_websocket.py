@@ -254,11 +254,56 @@ def test_packets_span_frames_and_frames_hold_packets(tls_edge: RunningEdge) -> N
     assert first.closed() == 1000
 
 
+@pytest.mark.parametrize("kind", ["ws", "wss"])
+def test_flow_control_passes_through_the_websocket(
+    make_edge: Any, tenants_file: Path, make_client: Any, certs: Certs, kind: str
+) -> None:
+    """A publisher outrunning the journal has its reads paused, and a subscriber that does not
+    read has the edge's writes paused, through the WebSocket (and TLS) layers; nothing is lost
+    and both resume."""
+    settings = _listeners(certs, max_journal_backlog=1, write_buffer_high_water=16_384)
+    edge: RunningEdge = make_edge(tenants_file, **settings)
+    v5 = ProtocolVersion.MQTT_5
+    context = ssl.create_default_context(cafile=str(certs.ca)) if kind == "wss" else None
+    slow = _WsClient(edge.node.ports[kind], context, receive_buffer=4096)
+    slow.send(
+        encode(Connect("slow", v5, username=TENANT), v5)
+        + encode(Subscribe(1, (Subscription("fleet/#", QoS.AT_MOST_ONCE),)), v5)
+    )
+    assert isinstance(slow.packet(), Connack)
+    assert isinstance(slow.packet(), Suback)
+    pub = make_client(**_on(edge, kind, certs))
+    payload = b"p" * 16_384  # 6.5 MB in all: more than the kernel buffers hold
+    # QoS 0 first: paho keeps at most 20 QoS 1 publishes in flight, QoS 0 ones it sends at once.
+    infos = [pub.paho.publish("fleet/bp", payload, qos=i // 200) for i in range(400)]
+    for info in infos:
+        info.wait_for_publish(TIMEOUT)
+        assert info.is_published()
+    broker = edge.node.broker
+    assert broker is not None
+    assert edge.call(lambda: broker.stats.reads_paused) > 0, "reads were never paused"
+    conn = edge.call(lambda: broker.connections["acme", "slow"])
+    assert edge.call(lambda: conn.write_paused), "writes to the reader were never paused"
+    for _ in range(400):
+        got = slow.packet()
+        assert isinstance(got, Publish)
+        assert got.payload == payload
+    assert not edge.call(lambda: conn.write_paused)
+    assert edge.call(lambda: len(broker.paused_readers)) == 0
+
+
 class _WsClient:
     """A raw WebSocket client (wsproto) that speaks MQTT 5 bytes."""
 
-    def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), TIMEOUT)
+    def __init__(
+        self, port: int, tls: ssl.SSLContext | None = None, receive_buffer: int = 0
+    ) -> None:
+        raw = socket.socket()
+        if receive_buffer:  # before connecting: the window the edge sees stays that small
+            raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+        raw.settimeout(TIMEOUT)
+        raw.connect(("127.0.0.1", port))
+        self.sock = tls.wrap_socket(raw, server_hostname="localhost") if tls else raw
         self.ws = WSConnection(ConnectionType.CLIENT)
         self.decoder = Decoder(protocol_version=ProtocolVersion.MQTT_5)
         self.events: list[Any] = []

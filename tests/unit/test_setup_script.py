@@ -1,4 +1,5 @@
-"""The set-up script refuses a machine without Java 17+ with a clear message, before installing."""
+"""The set-up script refuses a machine without Java 17+, or without Node.js 18+ and npm (the
+MQTT.js tests), with a clear message, before installing."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _bootstrap(java: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "EDGEBUS_JAVA": java}
+def _bootstrap(java: str = "java", node: str = "node") -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "EDGEBUS_JAVA": java, "EDGEBUS_NODE": node}
     return subprocess.run(
         ["bash", "-c", f"source {ROOT / 'scripts' / 'bootstrap.sh'}"],
         env=env,
@@ -37,3 +38,18 @@ def test_old_java_is_refused(tmp_path: Path, version: str) -> None:
     result = _bootstrap(str(fake))
     assert result.returncode == 1
     assert "Java 17+ is required for Spark; found:" in result.stderr
+
+
+def test_missing_node_is_named(tmp_path: Path) -> None:
+    result = _bootstrap(node=str(tmp_path / "no-node-here"))
+    assert result.returncode == 1
+    assert "Node.js 18+ and npm are required for the MQTT.js tests: no" in result.stderr
+
+
+def test_old_node_is_refused(tmp_path: Path) -> None:
+    fake = tmp_path / "node"
+    fake.write_text("#!/bin/sh\necho v16.20.2\n")
+    fake.chmod(0o755)
+    result = _bootstrap(node=str(fake))
+    assert result.returncode == 1
+    assert "Node.js 18+ is required for the MQTT.js tests; found: v16.20.2" in result.stderr
