@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import pwd
 import re
 import shutil
 import socket
@@ -187,22 +188,53 @@ def mosquitto_version(binary: str = MOSQUITTO) -> str | None:
     return first.removeprefix("mosquitto version ").strip() or None
 
 
+# The listener's TLS (bench TLS cases): the same certificate and key edgebus serves.
+MOSQUITTO_TLS = """\
+certfile {cert}
+keyfile {key}
+"""
+
+# (certificate chain, private key): PEM files a broker serves MQTT over TLS with.
+TlsFiles = tuple[Path, Path]
+
+
 def start_mosquitto(
     binary: str = MOSQUITTO,
     *,
     extra_config: str = "",
     timeout: float = 20.0,
     cpus: set[int] | None = None,
+    tls: TlsFiles | None = None,
 ) -> BrokerProcess:
+    """Mosquitto on a free port; with ``tls``, that listener speaks MQTT over TLS."""
     workdir = Path(tempfile.mkdtemp(prefix="bench-mosquitto-"))
     port = free_port()
     conf = workdir / "mosquitto.conf"
-    conf.write_text(MOSQUITTO_CONFIG.format(port=port, host=HOST) + extra_config)
+    listener_tls = ""
+    if tls is not None:
+        _readable_by_mosquitto(tls)
+        listener_tls = MOSQUITTO_TLS.format(cert=tls[0], key=tls[1])
+    # The listener's options follow its line; the general ones may come anywhere.
+    config = MOSQUITTO_CONFIG.format(port=port, host=HOST).replace("\n", "\n" + listener_tls, 1)
+    conf.write_text(config + extra_config)
     broker = BrokerProcess(
         "mosquitto", [binary, "-c", str(conf)], port=port, workdir=workdir, cpus=cpus
     )
     _ready_or_cleanup(broker, timeout)
     return broker
+
+
+def _readable_by_mosquitto(files: TlsFiles) -> None:
+    """Mosquitto started as root reads its certificate files after it has become the
+    ``mosquitto`` user: hand them (and their directory) to that user."""
+    if os.geteuid() != 0:
+        return
+    try:
+        user = pwd.getpwnam("mosquitto")
+    except KeyError:
+        return  # no such user: Mosquitto stays root
+    for path in {*files, *(f.parent for f in files)}:
+        os.chown(path, user.pw_uid, user.pw_gid)
 
 
 def start_edgebus(
@@ -212,17 +244,26 @@ def start_edgebus(
     extra_args: list[str] | None = None,
     timeout: float = 30.0,
     cpus: set[int] | None = None,
+    tls: TlsFiles | None = None,
 ) -> BrokerProcess:
-    """Run the edgebus broker edge (`python -m edgebus.cli edge ...`) on a free port."""
+    """Run the edgebus broker edge (`python -m edgebus.cli edge ...`) on a free port; with
+    ``tls``, the returned port is its TLS listener's (the plain one is on another)."""
     workdir = Path(tempfile.mkdtemp(prefix="bench-edgebus-"))
     port = free_port()
+    if tls is not None:
+        tls_port = free_port()
+        tls_args = ["--listen-tls", f"{HOST}:{tls_port}", "--cert", str(tls[0])]
+        extra_args = [*tls_args, "--key", str(tls[1]), *(extra_args or [])]
+        port, plain = tls_port, port
+    else:
+        plain = port
     argv = [
         sys.executable,
         "-m",
         "edgebus.cli",
         "edge",
         "--listen",
-        f"{HOST}:{port}",
+        f"{HOST}:{plain}",
         "--data-dir",
         str(data_dir),
         "--node-id",

@@ -145,9 +145,13 @@ def started(
     cpus: set[int] | None = None,
     edgebus_args: list[str] | None = None,
     edgebus_config: str | Path = BENCH,
+    tls: brokers.TlsFiles | None = None,
 ) -> Iterator[brokers.BrokerProcess]:
+    """Broker ``name`` running; with ``tls`` (certificate, key) its port speaks MQTT over TLS."""
+    if tls is not None and name == "null":
+        raise ValueError("the null sink does not speak TLS")
     if name == "mosquitto":
-        with brokers.start_mosquitto(cpus=cpus) as broker:
+        with brokers.start_mosquitto(cpus=cpus, tls=tls) as broker:
             yield broker
     elif name == "null":
         with brokers.start_null_sink(blast=True, cpus=cpus) as broker:
@@ -163,7 +167,7 @@ def started(
         elif edgebus_config != SHIPPED:
             extra = ["--config", str(edgebus_config), *extra]
         try:
-            with brokers.start_edgebus(data_dir, cpus=cpus, extra_args=extra) as broker:
+            with brokers.start_edgebus(data_dir, cpus=cpus, extra_args=extra, tls=tls) as broker:
                 yield broker
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -183,9 +187,12 @@ def run_one(
     edgebus_data_dir: str | None = None,
     edgebus_args: list[str] | None = None,
     edgebus_config: str | Path = BENCH,
+    tls: bool = False,
 ) -> dict[str, Any]:
     """Start broker `name`, run the scenario against it, stop it; return the result with the
-    broker's settings, memory, exit code and log findings added."""
+    broker's settings, memory, exit code and log findings added. With `tls` the broker serves
+    MQTT over TLS with a certificate made for the run (bench.certs; every broker the same kind)
+    and the generator verifies it."""
     cpus = sorted(os.sched_getaffinity(0))
     broker_cpus: set[int] | None = None
     if pin and len(cpus) >= 2:
@@ -195,7 +202,18 @@ def run_one(
         options = replace(options, worker_cpus=tuple(cpus[1:]))
     background = background_cores()
     t0 = time.monotonic()
-    with started(name, edgebus_data_dir, broker_cpus, edgebus_args, edgebus_config) as broker:
+    with contextlib.ExitStack() as stack:
+        tls_files: brokers.TlsFiles | None = None
+        if tls:
+            from bench.certs import make_certs  # cryptography: only for the TLS runs
+
+            where = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-certs-"))
+            certs = make_certs(Path(where))
+            tls_files = (certs.server_cert, certs.server_key)
+            options = replace(options, tls_ca=str(certs.ca))
+        broker = stack.enter_context(
+            started(name, edgebus_data_dir, broker_cpus, edgebus_args, edgebus_config, tls_files)
+        )
         target = loadgen.Target(broker.host, broker.port, broker.pid, null=name == "null")
         rss_before = brokers.rss_kib(broker.pid)
         result = loadgen.run_scenario(
@@ -217,6 +235,7 @@ def run_one(
         result["broker_log"] = broker.log_summary()
     result["broker"] = name
     result["broker_settings"] = broker_settings(name, edgebus_config)
+    result["tls"] = tls
     result["background_cores_before"] = background
     result["elapsed_s"] = time.monotonic() - t0
     result["pinning"] = (
@@ -422,6 +441,11 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="extra argument for `edgebus.cli edge`, repeatable",
     )
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="MQTT over TLS: every broker serves one certificate made for the run (not null)",
+    )
     parser.add_argument("--output-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -429,6 +453,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(names) - set(BROKERS)
     if unknown:
         parser.error(f"unknown broker(s) {sorted(unknown)}; choose from {', '.join(BROKERS)}")
+    if args.tls_ca:
+        parser.error("--tls-ca is for a broker you started: here --tls makes the certificates")
+    if args.tls and "null" in names:
+        parser.error("the null sink does not speak TLS: leave it out of --brokers with --tls")
     options = loadgen.options_from_args(args)
 
     results: dict[str, dict[str, Any]] = {}
@@ -446,6 +474,7 @@ def main(argv: list[str] | None = None) -> int:
                 edgebus_data_dir=args.edgebus_data_dir,
                 edgebus_args=args.edgebus_arg,
                 edgebus_config=args.edgebus_config,
+                tls=args.tls,
             )
         except (BenchError, OSError) as exc:
             log.exception("%s failed", name)

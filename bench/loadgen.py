@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
 import logging
@@ -47,6 +48,7 @@ import multiprocessing
 import os
 import resource
 import secrets
+import ssl
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -103,6 +105,8 @@ class LoadOptions:
     e2e_window: int | None = 20_000
     connect_concurrency: int = 64  # idle scenario: handshakes in progress per worker process
     username: str | None = None  # CONNECT user name (an edgebus tenant token), None = none
+    # MQTT over TLS: the CA file (PEM) the broker's certificate is verified with; None = TCP.
+    tls_ca: str | None = None
 
     def __post_init__(self) -> None:
         if self.qos not in (0, 1):
@@ -511,8 +515,9 @@ def _cpu_now() -> float:
 async def _connect(spec: _WorkerSpec, factory: Any, client_id: str) -> Any:
     loop = asyncio.get_running_loop()
     timeout = spec.options.connect_timeout
+    tls = _client_tls(spec.options.tls_ca) if spec.options.tls_ca else None
     _, proto = await asyncio.wait_for(
-        loop.create_connection(factory, spec.host, spec.port), timeout
+        loop.create_connection(factory, spec.host, spec.port, ssl=tls), timeout
     )
     try:
         await proto.handshake(client_id, timeout, spec.options.keepalive, spec.options.username)
@@ -521,6 +526,15 @@ async def _connect(spec: _WorkerSpec, factory: Any, client_id: str) -> Any:
             proto.transport.abort()
         raise
     return proto
+
+
+@functools.cache
+def _client_tls(cafile: str) -> ssl.SSLContext:
+    """One client context per worker process: verifies the broker against ``cafile`` (its
+    certificate names the host the generator connects to), TLS 1.2 at least."""
+    context = ssl.create_default_context(cafile=cafile)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    return context
 
 
 async def _publisher_worker(
@@ -1280,6 +1294,11 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
         default=30.0,
         help="max wait for the backlog after publishing",
     )
+    parser.add_argument(
+        "--tls-ca",
+        metavar="FILE",
+        help="speak MQTT over TLS, verifying the broker's certificate with this CA (PEM)",
+    )
 
 
 def options_from_args(args: argparse.Namespace) -> LoadOptions:
@@ -1298,6 +1317,7 @@ def options_from_args(args: argparse.Namespace) -> LoadOptions:
         keepalive=args.keepalive,
         connect_concurrency=args.connect_concurrency,
         e2e_window=args.e2e_window or None,
+        tls_ca=args.tls_ca,
     )
 
 

@@ -9,7 +9,10 @@ Cases (64-byte payloads, journal on with edgebus's default fsync group commit):
 - `fanin-q0`, `fanin-q1`: 100 publishers → one subscriber on `#`;
 - `fanout-q0`: 1 publisher → 1,000 subscribers of its topic (msgs/s counts deliveries);
 - `idle`: `--connections` clients connect and sit idle; resident memory per connection (see
-  `loadgen.idle`); the null sink's row is the floor of a minimal Python/uvloop server.
+  `loadgen.idle`); the null sink's row is the floor of a minimal Python/uvloop server;
+- `tls-pairs-q0`, `tls-pairs-q1`: the pairs over MQTT over TLS, both brokers serving one
+  certificate made for the run (ECDSA P-256, `bench.certs`) that the generator verifies; no
+  null-sink row (it does not speak TLS).
 
 Each throughput case runs at max rate against mosquitto, edgebus and null (the generator's
 ceiling) — "max rate" within the generator's end-to-end window (`loadgen._Gate`: at most
@@ -52,6 +55,7 @@ class Case:
     qos: int = 0
     publishers: int = 4
     subscribers: int = 4
+    tls: bool = False  # MQTT over TLS (mosquitto and edgebus only)
 
 
 CASES = (
@@ -61,6 +65,8 @@ CASES = (
     Case("fanin-q1", "fanin", 1, publishers=100),
     Case("fanout-q0", "fanout", 0, publishers=1, subscribers=1000),
     Case("idle", "idle"),
+    Case("tls-pairs-q0", "pairs", 0, publishers=4, tls=True),
+    Case("tls-pairs-q1", "pairs", 1, publishers=4, tls=True),
 )
 
 
@@ -111,6 +117,8 @@ def run_case(case: Case, args: argparse.Namespace, quiet: Quiet) -> dict[str, An
     runs: dict[str, dict[str, Any]] = {}
     discarded: list[dict[str, Any]] = []
     plan = [(b, False) for b in args.brokers if case.scenario == "idle" or b in THROUGHPUT_BROKERS]
+    if case.tls:
+        plan = [(b, latency) for b, latency in plan if b != "null"]  # it does not speak TLS
     if case.scenario != "idle" and args.latency_rate:
         plan += [(b, True) for b in args.brokers if b in LATENCY_BROKERS]
     for broker, latency in plan:
@@ -128,6 +136,7 @@ def run_case(case: Case, args: argparse.Namespace, quiet: Quiet) -> dict[str, An
                     subscribers=case.subscribers,
                     connections=args.connections,
                     edgebus_config=args.edgebus_config,
+                    tls=case.tls,
                 )
             except (BenchError, OSError) as exc:
                 log.exception("%s failed", label)

@@ -16,9 +16,9 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
-from certs import Certs, make_certs
 from edge_process import TENANT_TOKEN, TENANTS, EdgeProcess
 
+from bench.certs import Certs, make_certs
 from ingest.journal import JournalReader
 
 pytestmark = pytest.mark.e2e

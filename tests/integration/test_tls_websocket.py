@@ -13,11 +13,11 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
-from certs import Certs, make_certs
 from conftest import TIMEOUT, RunningEdge
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, BytesMessage, CloseConnection, Request
 
+from bench.certs import Certs, make_certs
 from broker_edge.codec import Decoder, encode
 from broker_edge.packets import (
     Connack,

@@ -432,6 +432,21 @@ def test_compare_run_one_reports_settings_exit_and_log() -> None:
     assert "max_queued_messages = 1000000" in compare.broker_settings("edgebus")
 
 
+@pytest.mark.parametrize("broker", ["mosquitto", "edgebus"])
+def test_compare_run_one_over_tls(broker: str) -> None:
+    """The TLS cases: the broker serves a certificate made for the run, the generator
+    verifies it and speaks MQTT over TLS (QoS 1, paced)."""
+    if not Path(brokers.MOSQUITTO).exists():
+        pytest.skip(f"Mosquitto is not installed at {brokers.MOSQUITTO}")
+    options = loadgen.LoadOptions(qos=1, rate=2000.0, **SHORT)  # type: ignore[arg-type]
+    result = compare.run_one(broker, "pairs", options, publishers=2, pin=False, tls=True)
+    assert result["tls"] is True
+    assert result["options"]["tls_ca"]
+    assert result["loss"] == 0
+    assert result["acked"] == result["received"] == result["sent"] > 1000
+    assert result["broker_log"]["problem_lines"] == 0
+
+
 def test_fanin_against_the_null_sink_measures_the_ceiling() -> None:
     with brokers.start_null_sink() as sink:
         target = loadgen.Target(sink.host, sink.port, sink.pid, null=True)

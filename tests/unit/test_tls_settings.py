@@ -7,8 +7,8 @@ import ssl
 from pathlib import Path
 
 import pytest
-from certs import Certs, make_certs
 
+from bench.certs import Certs, make_certs
 from broker_edge.errors import ConfigError
 from broker_edge.settings import EdgeSettings
 from broker_edge.tls import server_context

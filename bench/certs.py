@@ -1,5 +1,6 @@
-"""Certificates made at test time (never checked in): a CA, a server certificate for
-127.0.0.1/localhost, a client certificate that CA signed, and one another CA signed."""
+"""Certificates made at run time (never checked in), for the TLS benchmark cases and the TLS
+tests: a CA, a server certificate for 127.0.0.1/localhost, a client certificate that CA
+signed, and one another CA signed. Needs ``cryptography`` (a dev dependency)."""
 
 from __future__ import annotations
 
