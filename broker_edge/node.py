@@ -214,16 +214,16 @@ class EdgeNode:
         inner = websocket if kind in ("ws", "wss") else mqtt
         if kind in ("tls", "wss"):
             assert self._handshakes is not None
-            return self._handshakes.gate(inner)
+            return self._handshakes.gate(inner, kind)
         return inner
 
-    def _tls_refused(self, peer: str, reason: str) -> None:
+    def _tls_refused(self, listener: str, peer: str, reason: str) -> None:
         """A TLS handshake failed: one log line, one event in the operator's ``$log``."""
-        log.warning("TLS handshake with %s failed: %s", peer, reason)
+        log.warning("%s: TLS handshake with %s failed: %s", listener, peer, reason)
         broker = self.broker
         if broker is None:
             return
-        details = {"peer": peer, "reason": reason[:300]}
+        details = {"listener": listener, "peer": peer, "reason": reason[:300]}
         broker.log(OPERATOR_TENANT, "tls_handshake_failed", "", details, origin="tls")
         broker.flush_dirty()
 

@@ -31,7 +31,7 @@ from broker_edge.settings import EdgeSettings
 
 log = logging.getLogger(__name__)
 
-Refused = Callable[[str, str], None]  # (peer, reason)
+Refused = Callable[[str, str, str], None]  # (listener kind, peer, reason)
 
 
 def server_context(settings: EdgeSettings) -> ssl.SSLContext | None:
@@ -86,11 +86,14 @@ def _no_password() -> bytes:
 class TlsGate(asyncio.Protocol):
     """The first protocol of a socket on a TLS listener: runs its handshake (see the module)."""
 
-    __slots__ = ("_handshakes", "_inner", "_transport", "early")
+    __slots__ = ("_handshakes", "_transport", "early", "inner", "kind")
 
-    def __init__(self, handshakes: Handshakes, inner: Callable[[], asyncio.Protocol]) -> None:
+    def __init__(
+        self, handshakes: Handshakes, inner: Callable[[], asyncio.Protocol], kind: str
+    ) -> None:
         self._handshakes = handshakes
-        self._inner = inner
+        self.inner = inner  # the protocol after the handshake
+        self.kind = kind  # the listener's (tls, wss), for the log
         self._transport: asyncio.Transport | None = None
         self.early: list[bytes] = []
 
@@ -98,7 +101,7 @@ class TlsGate(asyncio.Protocol):
         transport = typing.cast(asyncio.Transport, transport)  # uvloop's do not subclass it
         self._transport = transport
         transport.pause_reading()  # the ClientHello is start_tls's to read
-        self._handshakes.start(self, transport, self._inner)
+        self._handshakes.start(self, transport)
 
     def data_received(self, data: bytes) -> None:
         # uvloop starts reading right after connection_made, paused or not: what arrives before
@@ -124,13 +127,14 @@ class Handshakes:
         self._timeout = timeout
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def gate(self, inner: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
-        """A protocol factory for ``create_server``: TLS first, then ``inner()``."""
-        return lambda: TlsGate(self, inner)
+    def gate(
+        self, inner: Callable[[], asyncio.Protocol], kind: str
+    ) -> Callable[[], asyncio.Protocol]:
+        """A protocol factory for the ``kind`` listener's ``create_server``: TLS first, then
+        ``inner()``."""
+        return lambda: TlsGate(self, inner, kind)
 
-    def start(
-        self, gate: TlsGate, transport: asyncio.Transport, inner: Callable[[], asyncio.Protocol]
-    ) -> None:
+    def start(self, gate: TlsGate, transport: asyncio.Transport) -> None:
         """Start the handshake, and hand start_tls's protocol what the gate read before it.
 
         The order is the point (call_soon runs callbacks first in, first out): the task's first
@@ -139,16 +143,14 @@ class Handshakes:
         that step queues the hand-over after those two, in the same batch, so the early bytes
         reach the TLS protocol after its connection_made and before any later read.
         """
-        task = self._loop.create_task(self._handshake(transport, inner))
+        task = self._loop.create_task(self._handshake(transport, gate))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         self._loop.call_soon(self._loop.call_soon, _hand_over, gate, transport)
 
-    async def _handshake(
-        self, transport: asyncio.Transport, inner: Callable[[], asyncio.Protocol]
-    ) -> None:
+    async def _handshake(self, transport: asyncio.Transport, gate: TlsGate) -> None:
         peer = peer_name(transport)
-        protocol = inner()
+        protocol = gate.inner()
         try:
             secure = await self._loop.start_tls(
                 transport,
@@ -159,10 +161,10 @@ class Handshakes:
             )
         except ssl.SSLError as exc:
             transport.abort()
-            self._refused(peer, _reason(exc))
+            self._refused(gate.kind, peer, _reason(exc))
         except (TimeoutError, ConnectionAbortedError):  # asyncio and uvloop say it so
             transport.abort()
-            self._refused(peer, f"no TLS handshake within {self._timeout:g} s")
+            self._refused(gate.kind, peer, f"no TLS handshake within {self._timeout:g} s")
         except OSError as exc:
             # The client went away mid-handshake (a port probe, a load balancer's TCP check):
             # nothing to tell the operator.

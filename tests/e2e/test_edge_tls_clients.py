@@ -140,7 +140,7 @@ def test_mqtt_js_over_wss(edge: EdgeProcess, certs: Certs) -> None:
     if not (JS_DIR / "node_modules" / "mqtt").is_dir():
         pytest.fail(f"{JS_DIR}/node_modules is missing: run scripts/bootstrap.sh (npm ci there)")
     watcher, received = _subscribed(edge.mqtt_port, "fleet/js/out")
-    url = f"wss://localhost:{edge.ports['wss']}/mqtt"
+    url = f"wss://127.0.0.1:{edge.ports['wss']}/mqtt"  # the certificate names the IP too
     script = str(JS_DIR / "wss_client.mjs")
     with subprocess.Popen(
         [node, script, url, str(certs.ca), TENANT_TOKEN], stdout=subprocess.PIPE, cwd=JS_DIR

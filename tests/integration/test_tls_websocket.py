@@ -110,6 +110,7 @@ def test_client_certificates_required_with_a_cafile(
             event = json.loads(operator.get().payload)
             assert event["event"] == "tls_handshake_failed"
             assert event["details"]["peer"].startswith("127.0.0.1:")
+            assert event["details"]["listener"] == kind
             assert reason in event["details"]["reason"]
         # The edge kept serving: the client with a good certificate still gets its messages.
         make_client(**_on(mtls_edge, kind, certs, **good)).publish("fleet/x", b"after", qos=1)
