@@ -21,7 +21,7 @@ import logging
 import typing
 
 from broker_edge.broker import Broker
-from broker_edge.connection import Connection, ConnState
+from broker_edge.connection import PAUSED_BY_ROUTING, Connection, ConnState
 from broker_edge.errors import ProtocolError
 from broker_edge.packets import ReasonCode
 from broker_edge.sysstats import PacketCounter
@@ -39,7 +39,9 @@ class MqttProtocol(asyncio.Protocol):
     """One TCP connection's wiring; also its Connection's transport (``ConnectionIO``)."""
 
     # One per client: slots keep an idle connection small (issue 9: ≤ 3 KiB per connection).
-    __slots__ = ("_broker", "_conn", "_draining", "_loop", "_lost", "_packets", "_transport")
+    __slots__ = (
+        "_broker", "_conn", "_draining", "_ended", "_loop", "_lost", "_packets", "_transport",
+    )  # fmt: skip
 
     def __init__(self, broker: Broker, loop: asyncio.AbstractEventLoop) -> None:
         self._broker = broker
@@ -49,6 +51,7 @@ class MqttProtocol(asyncio.Protocol):
         self._packets = PacketCounter()
         self._draining = False  # half-closed by us: reads are discarded until the close
         self._lost = False  # the broker was told the connection is gone
+        self._ended = False  # the transport is gone: nothing more can be written
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
@@ -62,6 +65,8 @@ class MqttProtocol(asyncio.Protocol):
     # -- ConnectionIO: what the broker asks of this connection's transport ----------------------
 
     def write(self, data: bytes) -> None:
+        if self._ended:
+            return  # answers to the last packets of a client already gone (_finish_turns)
         transport = self._transport
         assert transport is not None
         transport.write(data)
@@ -69,12 +74,14 @@ class MqttProtocol(asyncio.Protocol):
     def pause_reading(self) -> None:
         transport = self._transport
         assert transport is not None
-        transport.pause_reading()
+        if not self._ended:
+            transport.pause_reading()
 
     def resume_reading(self) -> None:
         transport = self._transport
         assert transport is not None
-        transport.resume_reading()
+        if not self._ended:
+            transport.resume_reading()
 
     def close(self) -> None:
         """Half-close, drain briefly, then close (see CLOSE_DRAIN_SECONDS). The broker is done
@@ -128,15 +135,34 @@ class MqttProtocol(asyncio.Protocol):
         if more:  # reading is paused meanwhile (PAUSED_BY_ROUTING)
             self._loop.call_soon(self._next_turn)
 
-    def _next_turn(self) -> None:
+    def _next_turn(self) -> bool:
+        """Handle the next turn of a read cut short, if one is still due; whether it was."""
         conn = self._conn
-        if conn is not None and conn.state is not ConnState.CLOSED and not conn.closing:
+        due = (
+            conn is not None
+            and bool(conn.paused_for & PAUSED_BY_ROUTING)
+            and conn.state is not ConnState.CLOSED
+            and not conn.closing
+        )
+        if due:
             self._handle(b"")
+        return due
+
+    def _finish_turns(self) -> None:
+        """Handle now what a read cut short left: the client sent it before its stream ended,
+        so it counts (QoS 0 publishes followed by DISCONNECT, say). Over TCP a paused
+        transport reports no EOF before its data, but over TLS and WebSocket the end comes with
+        the last read, paused or not."""
+        while self._next_turn():
+            pass
 
     def eof_received(self) -> bool | None:
+        self._finish_turns()
         return False  # close the transport
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._ended = True
+        self._finish_turns()
         self._gone()
 
     def _gone(self) -> None:

@@ -293,6 +293,34 @@ def test_flow_control_passes_through_the_websocket(
     assert edge.call(lambda: len(broker.paused_readers)) == 0
 
 
+@pytest.mark.parametrize("kind", ["mqtt", "tls", "ws", "wss"])
+def test_what_a_client_sent_before_its_stream_ended_counts(
+    make_edge: Any, tenants_file: Path, make_client: Any, certs: Certs, kind: str
+) -> None:
+    """Publishes, DISCONNECT and the end of the stream in one go, each read handled one packet
+    per turn: over TLS and WebSocket the end arrives with the last read even while reading is
+    paused between turns, and every publish must still be handled before the connection is."""
+    edge: RunningEdge = make_edge(tenants_file, **_listeners(certs, max_turn_seconds=1e-9))
+    sub = make_client(port=edge.port, username=TENANT)
+    sub.subscribe("fleet/#")
+    v311 = ProtocolVersion.MQTT_3_1_1
+    burst = encode(Connect("burst", username=TENANT), v311) + b"".join(
+        encode(Publish("fleet/burst", b"%d" % i), v311) for i in range(200)
+    )
+    burst += encode(Disconnect(), v311)
+    sock = socket.create_connection(("127.0.0.1", edge.node.ports[kind]), TIMEOUT)
+    if kind in ("tls", "wss"):
+        context = ssl.create_default_context(cafile=str(certs.ca))
+        sock = context.wrap_socket(sock, server_hostname="localhost")
+    if kind in ("ws", "wss"):
+        ws = _WsClient.over(sock).ws
+        burst = ws.send(BytesMessage(data=burst)) + ws.send(CloseConnection(1000))
+    sock.sendall(burst)
+    sock.close()
+    got = [sub.get().payload for _ in range(200)]
+    assert got == [b"%d" % i for i in range(200)]
+
+
 class _WsClient:
     """A raw WebSocket client (wsproto) that speaks MQTT 5 bytes."""
 
@@ -304,7 +332,17 @@ class _WsClient:
             raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
         raw.settimeout(TIMEOUT)
         raw.connect(("127.0.0.1", port))
-        self.sock = tls.wrap_socket(raw, server_hostname="localhost") if tls else raw
+        self._upgrade(tls.wrap_socket(raw, server_hostname="localhost") if tls else raw)
+
+    @classmethod
+    def over(cls, sock: socket.socket) -> _WsClient:
+        """On a socket already connected."""
+        client = cls.__new__(cls)
+        client._upgrade(sock)
+        return client
+
+    def _upgrade(self, sock: socket.socket) -> None:
+        self.sock = sock
         self.ws = WSConnection(ConnectionType.CLIENT)
         self.decoder = Decoder(protocol_version=ProtocolVersion.MQTT_5)
         self.events: list[Any] = []
