@@ -65,7 +65,7 @@ SUBPROTOCOLS = ("mqtt", "mqttv3.1")
 class WebSocketProtocol(asyncio.Protocol):
     """One WebSocket connection: the upgrade, then frames in and out of an MQTT protocol."""
 
-    __slots__ = ("_closing", "_loop", "_make_mqtt", "_mqtt", "_timer", "_transport", "_ws")
+    __slots__ = ("_closing", "_loop", "_make_mqtt", "_mqtt", "_peer", "_timer", "_transport", "_ws")
 
     def __init__(
         self,
@@ -79,6 +79,7 @@ class WebSocketProtocol(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._mqtt: asyncio.Protocol | None = None
         self._closing = False
+        self._peer = "?"  # kept: a socket reset by the client no longer knows its peer
         self._timer: asyncio.TimerHandle | None = loop.call_later(
             handshake_timeout, self._handshake_timed_out
         )
@@ -91,6 +92,7 @@ class WebSocketProtocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = typing.cast(asyncio.Transport, transport)  # uvloop's do not subclass
+        self._peer = peer_name(transport)
 
     def data_received(self, data: bytes) -> None:
         ws = self._ws
@@ -126,7 +128,7 @@ class WebSocketProtocol(asyncio.Protocol):
         elif isinstance(event, CloseConnection):
             self._closed_by_peer(event)
         elif isinstance(event, TextMessage):
-            log.info("closing WebSocket %s: text frame [MQTT-6.0.0-1]", peer_name(self.transport))
+            log.info("closing WebSocket %s: text frame [MQTT-6.0.0-1]", self._peer)
             self.close(CloseReason.UNSUPPORTED_DATA, "MQTT needs binary frames")
 
     def _upgrade(self, request: Request) -> None:
@@ -149,7 +151,7 @@ class WebSocketProtocol(asyncio.Protocol):
         """An HTTP answer instead of the upgrade, then close."""
         self._cancel_timer()
         transport = self.transport
-        log.info("refusing WebSocket upgrade from %s: %d %s", peer_name(transport), status, why)
+        log.info("refusing WebSocket upgrade from %s: %d %s", self._peer, status, why)
         body = f"{why}\n".encode()
         headers = [(b"content-type", b"text/plain"), (b"content-length", b"%d" % len(body))]
         try:
@@ -158,7 +160,7 @@ class WebSocketProtocol(asyncio.Protocol):
                 + self._ws.send(RejectData(data=body))
             )
         except Exception:  # wsproto cannot answer a request it could not parse at all
-            log.debug("no HTTP answer for %s", peer_name(transport), exc_info=True)
+            log.debug("no HTTP answer for %s", self._peer, exc_info=True)
         self._closing = True
         transport.close()
 
@@ -194,7 +196,7 @@ class WebSocketProtocol(asyncio.Protocol):
     def _handshake_timed_out(self) -> None:
         self._timer = None
         if self._transport is not None:
-            log.info("dropping %s: no WebSocket upgrade in time", peer_name(self._transport))
+            log.info("dropping %s: no WebSocket upgrade in time", self._peer)
             self._transport.abort()
 
     def _cancel_timer(self) -> None:

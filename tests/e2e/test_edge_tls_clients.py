@@ -187,3 +187,8 @@ def test_wrong_clients_on_each_port_get_no_traceback(edge: EdgeProcess, certs: C
     client.disconnect()
     log = edge.log.read_text()
     assert log.count("TLS handshake with 127.0.0.1:") == 2, log
+    ports = edge.ports
+    assert (  # the start-up line names every listener
+        f"listening on mqtt 127.0.0.1:{ports['mqtt']}, tls 127.0.0.1:{ports['tls']}, "
+        f"ws 127.0.0.1:{ports['ws']}, wss 127.0.0.1:{ports['wss']}, journal"
+    ) in log
