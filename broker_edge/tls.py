@@ -170,6 +170,9 @@ class Handshakes:
             # nothing to tell the operator.
             transport.abort()
             log.debug("TLS handshake with %s ended: %r", peer, exc)
+        except Exception as exc:  # a loop's surprise on a socket already gone: no traceback
+            transport.abort()
+            log.warning("TLS handshake with %s ended unexpectedly: %r", peer, exc)
         else:
             if secure is None:  # the loop closed it meanwhile
                 return

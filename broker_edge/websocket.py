@@ -65,7 +65,10 @@ SUBPROTOCOLS = ("mqtt", "mqttv3.1")
 class WebSocketProtocol(asyncio.Protocol):
     """One WebSocket connection: the upgrade, then frames in and out of an MQTT protocol."""
 
-    __slots__ = ("_closing", "_loop", "_make_mqtt", "_mqtt", "_peer", "_timer", "_transport", "_ws")
+    __slots__ = (
+        "_closing", "_handshake_timeout", "_loop", "_make_mqtt", "_mqtt", "_peer", "_timer",
+        "_transport", "_ws",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -80,9 +83,8 @@ class WebSocketProtocol(asyncio.Protocol):
         self._mqtt: asyncio.Protocol | None = None
         self._closing = False
         self._peer = "?"  # kept: a socket reset by the client no longer knows its peer
-        self._timer: asyncio.TimerHandle | None = loop.call_later(
-            handshake_timeout, self._handshake_timed_out
-        )
+        self._handshake_timeout = handshake_timeout
+        self._timer: asyncio.TimerHandle | None = None
 
     @property
     def transport(self) -> asyncio.Transport:
@@ -93,6 +95,7 @@ class WebSocketProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = typing.cast(asyncio.Transport, transport)  # uvloop's do not subclass
         self._peer = peer_name(transport)
+        self._timer = self._loop.call_later(self._handshake_timeout, self._handshake_timed_out)
 
     def data_received(self, data: bytes) -> None:
         ws = self._ws

@@ -162,6 +162,22 @@ def test_a_plain_client_on_the_tls_port_is_refused_cleanly(
     make_client(**_on(tls_edge, "tls", certs)).publish("fleet/x", b"still serving", qos=1)
 
 
+def test_silent_clients_are_dropped_after_the_connect_timeout(
+    make_edge: Any, tenants_file: Path, make_client: Any, certs: Certs
+) -> None:
+    edge: RunningEdge = make_edge(tenants_file, **_listeners(certs, connect_timeout=0.3))
+    operator = make_client(port=edge.port, username=OPERATOR)
+    operator.subscribe("$log/tls/#", qos=1)
+    for kind in ("tls", "wss", "ws"):
+        with socket.create_connection(("127.0.0.1", edge.node.ports[kind]), TIMEOUT) as sock:
+            with contextlib.suppress(ConnectionResetError):  # dropped: aborted
+                assert sock.recv(100) == b""
+            if kind != "ws":
+                event = json.loads(operator.get().payload)
+                assert event["details"]["reason"] == "no TLS handshake within 0.3 s"
+                assert event["details"]["listener"] == kind
+
+
 def test_a_tls_client_on_a_plain_port_is_refused_cleanly(
     tls_edge: RunningEdge, make_client: Any, certs: Certs
 ) -> None:
