@@ -24,15 +24,19 @@ JAVA_MAJOR="$("$JAVA" -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | 
 [[ -n "$JAVA_MAJOR" && "$JAVA_MAJOR" -ge 17 ]] \
   || die "Java 17+ is required for Spark; found: $("$JAVA" -version 2>&1 | head -n1)."
 
-# Node.js and npm: the tests run MQTT.js, a stock JavaScript client (tests/js).
-NODE="${EDGEBUS_NODE:-node}"  # EDGEBUS_NODE: another node binary (the tests use it too)
-command -v "$NODE" >/dev/null 2>&1 \
-  || die "Node.js 18+ and npm are required for the MQTT.js tests: no '$NODE' on PATH (Debian: apt-get install nodejs npm)."
-NODE_MAJOR="$("$NODE" --version 2>/dev/null | sed -n 's/^v\([0-9]*\)\..*/\1/p')"
-[[ -n "$NODE_MAJOR" && "$NODE_MAJOR" -ge 18 ]] \
-  || die "Node.js 18+ is required for the MQTT.js tests; found: $("$NODE" --version 2>&1 | head -n1)."
-command -v npm >/dev/null 2>&1 \
-  || die "npm is required to install MQTT.js for the tests: no 'npm' on PATH (Debian: apt-get install npm)."
+# Node.js, npm and MQTT.js (tests/js): only the tests need them (scripts/test.sh sets
+# EDGEBUS_SETUP_FOR=tests); running the platform does not.
+if [[ "${EDGEBUS_SETUP_FOR:-}" == tests ]]; then
+  # Node.js and npm: the tests run MQTT.js, a stock JavaScript client (tests/js).
+  NODE="${EDGEBUS_NODE:-node}"  # EDGEBUS_NODE: another node binary (the tests use it too)
+  command -v "$NODE" >/dev/null 2>&1 \
+    || die "Node.js 18+ and npm are required for the MQTT.js tests: no '$NODE' on PATH (Debian: apt-get install nodejs npm)."
+  NODE_MAJOR="$("$NODE" --version 2>/dev/null | sed -n 's/^v\([0-9]*\)\..*/\1/p')"
+  [[ -n "$NODE_MAJOR" && "$NODE_MAJOR" -ge 18 ]] \
+    || die "Node.js 18+ is required for the MQTT.js tests; found: $("$NODE" --version 2>&1 | head -n1)."
+  command -v npm >/dev/null 2>&1 \
+    || die "npm is required to install MQTT.js for the tests: no 'npm' on PATH (Debian: apt-get install npm)."
+fi
 
 if [[ ! -x .venv/bin/python ]]; then
   echo "edgebus setup: creating .venv with $PY" >&2
@@ -48,13 +52,15 @@ if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$WANT" ]]; then
   .venv/bin/python -m pip install --quiet -e ".[dev]" || die "pip install failed (see above)."
   echo "$WANT" > "$STAMP"
 fi
-# The stock JavaScript client the tests use (MQTT.js, tests/js): npm ci when its lock changed.
-JS_STAMP="tests/js/node_modules/.edgebus-install-stamp"
-JS_WANT="$(sha256sum tests/js/package-lock.json | cut -d' ' -f1)"
-if [[ ! -f "$JS_STAMP" || "$(cat "$JS_STAMP")" != "$JS_WANT" ]]; then
-  echo "edgebus setup: installing MQTT.js into tests/js/node_modules (npm ci)" >&2
-  (cd tests/js && npm ci --no-audit --no-fund --loglevel=error >&2) || die "npm ci in tests/js failed (see above)."
-  echo "$JS_WANT" > "$JS_STAMP"
+if [[ "${EDGEBUS_SETUP_FOR:-}" == tests ]]; then
+  # The stock JavaScript client the tests use (MQTT.js, tests/js): npm ci when its lock changed.
+  JS_STAMP="tests/js/node_modules/.edgebus-install-stamp"
+  JS_WANT="$(sha256sum tests/js/package-lock.json | cut -d' ' -f1)"
+  if [[ ! -f "$JS_STAMP" || "$(cat "$JS_STAMP")" != "$JS_WANT" ]]; then
+    echo "edgebus setup: installing MQTT.js into tests/js/node_modules (npm ci)" >&2
+    (cd tests/js && npm ci --no-audit --no-fund --loglevel=error >&2) || die "npm ci in tests/js failed (see above)."
+    echo "$JS_WANT" > "$JS_STAMP"
+  fi
 fi
 # Delta Lake's jars, once (every table is written and read by Spark's own Delta).
 source "$ROOT/scripts/delta-jars.sh"

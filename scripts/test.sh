@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up .venv and run every check: ruff (lint + format), mypy strict, the whole pytest suite.
 set -euo pipefail
+export EDGEBUS_SETUP_FOR=tests  # the set-up the tests need too (Node.js and MQTT.js)
 source "$(dirname "${BASH_SOURCE[0]}")/bootstrap.sh"
 echo "== ruff" && ruff check . && ruff format --check .
 echo "== mypy" && mypy

@@ -15,8 +15,9 @@ every row staying on the executors:
    many) does the batch have other rows: a second, batch read of the same journal range
    (:func:`streaming.route.read_others`) brings every other destination's rows (log events,
    counter records, quarantined records: only they cross to the JVM), persisted while
-   ``logs``, then ``usage`` (a merge, :mod:`streaming.usage`) and the quota step
-   (``quota_events`` and the decisions to the edges), then ``quarantine`` take their share.
+   ``usage`` (a merge, :mod:`streaming.usage`) and the quota step (``quota_events`` and the
+   decisions to the edges) take their share, and beside them, in threads of their own, the
+   ``logs`` and ``quarantine`` appends (each table's commit is its own transaction).
 
 Each node's last seq in the batch is its end offset; nothing is counted on the driver.
 
@@ -48,6 +49,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, cast
 
 from pyspark import StorageLevel
@@ -127,6 +129,9 @@ class TableFanout:
         )
         self.usage = UsageStep(settings, quota, self.publisher)
         self.quarantine = quarantine_writer(settings.table_path(QUARANTINE_TABLE))
+        self._quarantine = ((route.QUARANTINE, self.quarantine),)
+        # The small tables' appends, beside the usage step (see ``_others``).
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="append")
 
     @property
     def writers(self) -> list[DeltaTableWriter]:
@@ -152,7 +157,7 @@ class TableFanout:
         if written is not None and written >= records:
             decided = self.usage(batch.sparkSession, batch_id, None)
         else:  # other rows, or a replay: every other table from a second read of the range
-            others, decided = self._others(batch.sparkSession, batch_id, start, end, lap)
+            others, decided = self._others(batch.sparkSession, batch_id, start, end, lap, timings)
             counts |= others
         logger.info(
             "batch %d: %s rows; %s",
@@ -161,7 +166,7 @@ class TableFanout:
             ", ".join(f"{step} {seconds:.2f} s" for step, seconds in timings.items()),
         )
         if self.metrics is not None:
-            self.metrics.batch_done(counts, timings, ends)
+            self.metrics.batch_done(counts, timings, ends, time.monotonic() - started)
             self.metrics.quota_decided(decided)
         self.batch_ended(batch_id, ends)
 
@@ -172,10 +177,16 @@ class TableFanout:
         start: Offset,
         end: Offset,
         lap: Callable[[str], None],
+        timings: dict[str, float],
     ) -> tuple[dict[str, int], list[QuotaEvent]]:
         """Every table but ``messages`` from the batch's range read again, where only their
         rows cross to the JVM (persisted: several tables take their share). Their row counts,
-        and the quota decisions the usage step made."""
+        and the quota decisions the usage step made.
+
+        The ``logs`` and ``quarantine`` appends run in threads of their own beside the usage
+        merge and the quota step: each is its own table's Delta transaction, so their order
+        does not matter, and most of what a small table's commit costs is waiting (the
+        driver's log reads and writes, a job's scheduling), not the cores."""
         others = route.read_others(spark, self._journals, start, end)
         others = others.persist(StorageLevel.MEMORY_AND_DISK)
         try:
@@ -184,18 +195,29 @@ class TableFanout:
                 for row in others.groupBy("dest").agg(F.count("*").alias("n")).collect()
             }
             lap("others")
-            if counts.get(route.LOGS):
-                self.appends[route.LOGS].append(batch_id, _share(others, route.LOGS))
-                lap(route.LOGS)
-            counters = _share(others, route.COUNTERS) if counts.get(route.COUNTERS) else None
-            decided = self.usage(spark, batch_id, counters)
-            lap("usage")
-            if counts.get(route.QUARANTINE):
-                self.quarantine.append(batch_id, _share(others, route.QUARANTINE))
-                lap(route.QUARANTINE)
+            appends = [
+                (dest, writer)
+                for dest, writer in ((route.LOGS, self.appends[route.LOGS]), *self._quarantine)
+                if counts.get(dest)
+            ]
+            pending = [
+                (dest, self._pool.submit(_timed, writer.append, batch_id, _share(others, dest)))
+                for dest, writer in appends
+            ]
+            try:
+                counters = _share(others, route.COUNTERS) if counts.get(route.COUNTERS) else None
+                decided = self.usage(spark, batch_id, counters)
+                lap("usage")
+            finally:  # every append ends (or fails) before the rows are unpersisted
+                for dest, future in pending:
+                    timings[dest] = future.result()[1]
         finally:
             others.unpersist()
         return counts, decided
+
+    def close(self) -> None:
+        """The query has stopped: no batch runs, so no append is in flight."""
+        self._pool.shutdown(wait=True)
 
     def batch_ended(self, batch_id: int, ends: dict[str, int]) -> None:
         """Batch ``batch_id`` is in every table, with each node's last seq in ``ends``: its
@@ -224,6 +246,14 @@ class TableFanout:
         for node, seq in sorted(ends.items()):
             # Errors are logged; the next batch's notice (a higher seq) supersedes this one.
             self.publisher.publish_committed(node, seq)
+
+
+def _timed(
+    append: Callable[[int, DataFrame], int | None], batch_id: int, rows: DataFrame
+) -> tuple[int | None, float]:
+    """``append(batch_id, rows)`` and how long it took (run in a pool thread)."""
+    began = time.monotonic()
+    return append(batch_id, rows), time.monotonic() - began
 
 
 def _share(routed: DataFrame, dest: str) -> DataFrame:
@@ -337,6 +367,7 @@ def run(
                 _stop_gracefully(query)
             if fanout is not None:
                 fanout.send_notices()  # the last batch, if Spark marked it done
+                fanout.close()
             for schedule in schedules:
                 # A run in flight finishes its Delta commit before the process goes on.
                 schedule.close(timeout=STOP_GRACE_SECONDS)

@@ -1,5 +1,6 @@
-"""The set-up script refuses a machine without Java 17+, or without Node.js 18+ and npm (the
-MQTT.js tests), with a clear message, before installing."""
+"""The set-up script refuses a machine without Java 17+, or, for the tests, without Node.js 18+
+and npm (the MQTT.js tests), with a clear message, before installing; running the platform
+needs no Node.js."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _bootstrap(java: str = "java", node: str = "node") -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "EDGEBUS_JAVA": java, "EDGEBUS_NODE": node}
+def _bootstrap(
+    java: str = "java", node: str = "node", setup_for: str = "tests"
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "EDGEBUS_JAVA": java, "EDGEBUS_NODE": node, "EDGEBUS_SETUP_FOR": setup_for}
     return subprocess.run(
         ["bash", "-c", f"source {ROOT / 'scripts' / 'bootstrap.sh'}"],
         env=env,
@@ -53,3 +56,10 @@ def test_old_node_is_refused(tmp_path: Path) -> None:
     result = _bootstrap(node=str(fake))
     assert result.returncode == 1
     assert "Node.js 18+ is required for the MQTT.js tests; found: v16.20.2" in result.stderr
+
+
+def test_running_the_platform_needs_no_node(tmp_path: Path) -> None:
+    # scripts/run.sh: Node.js is the tests' (MQTT.js), not the platform's.
+    result = _bootstrap(node=str(tmp_path / "no-node-here"), setup_for="")
+    assert result.returncode == 0, result.stderr
+    assert "Node.js" not in result.stderr
