@@ -21,52 +21,6 @@ from sinks.delta import read_table
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 
-def test_run_serves_mqtt_and_fills_messages(tmp_path: Path) -> None:
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "edgebus.cli", "--log-level", "WARNING", "run"]
-        + ["--listen", "127.0.0.1:0", "--node-id", "runner"]
-        + ["--data-dir", str(tmp_path / "data"), "--lake", str(tmp_path / "lake")],
-        stdout=subprocess.PIPE,
-        env=env,
-        cwd=tmp_path,
-    )
-    try:
-        assert proc.stdout is not None
-        port = None
-        for raw in proc.stdout:
-            line = raw.decode()
-            if line.startswith("edgebus edge runner listening on 127.0.0.1:"):
-                port = int(line.rsplit(":", 1)[1])
-                break
-        assert port, "the edge did not report its port"
-        client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="run-test")
-        client.connect("127.0.0.1", port)
-        client.loop_start()
-        info = client.publish("fleet/v9/telemetry", b'{"speed":1}', qos=1)
-        info.wait_for_publish(10)
-        assert info.is_published()
-        client.disconnect()
-        client.loop_stop()
-
-        table = tmp_path / "lake" / "messages"
-        deadline = time.monotonic() + 180
-        rows = 0
-        while time.monotonic() < deadline and proc.poll() is None:
-            if DeltaTable.is_deltatable(str(table)):  # a first commit, not just the folder
-                rows = read_table(table).num_rows
-                if rows:
-                    break
-            time.sleep(0.5)
-        assert rows == 1
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()  # its children get SIGTERM through the parent-death signal
-            proc.wait()
-
-
 def test_children_stop_when_run_is_killed(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "edgebus.cli", "--log-level", "WARNING", "run"]
@@ -122,34 +76,14 @@ def running(tmp_path: Path, *args: str) -> Iterator[tuple[subprocess.Popen[bytes
             proc.wait()
 
 
-def test_sighup_reaches_the_edge_and_the_pipeline(tmp_path: Path) -> None:
-    tenants = tmp_path / "tenants.toml"
-    tenants.write_text('[operator]\ntoken = "op"\n[tenants.acme]\ntokens = ["acme-1"]\n')
-    with running(tmp_path, "--node-id", "hup", "--tenants", str(tenants)) as (proc, log):
-
-        def wait_logged(text: bytes) -> None:
-            deadline = time.monotonic() + 120
-            while text not in log.read_bytes():
-                assert proc.poll() is None, log.read_text()[-4000:]
-                assert time.monotonic() < deadline, f"{text!r} not logged"
-                time.sleep(0.1)
-
-        assert proc.stdout is not None
-        assert proc.stdout.readline().startswith(b"edgebus edge hup listening on")
-        wait_logged(b"tenant(s)")  # the pipeline read the file: its SIGHUP handler is set
-        tenants.write_text(tenants.read_text() + '[tenants.b]\ntokens = ["b-1"]\n')
-        proc.send_signal(signal.SIGHUP)
-        reloaded = b": SIGHUP: tenants file " + str(tenants).encode() + b" reloaded (2 tenants)"
-        wait_logged(b"broker_edge.node" + reloaded)  # the edge's logger
-        wait_logged(b"edgebus" + reloaded)  # the pipeline's
-        assert proc.poll() is None
-
-
-def test_run_on_port_0_enforces_quotas_with_the_edge_settings_of_its_config(
+@pytest.mark.timeout(600)
+def test_run_serves_mqtt_fills_messages_enforces_quotas_and_reloads_on_sighup(
     tmp_path: Path,
 ) -> None:
-    # Quota decisions must reach the edge whose port was picked at start, and the config's
-    # [edge] table must reach the edge (counters every second: a decision within seconds).
+    # One `edgebus run` (one Spark start) for what a user of the embedded default meets: a
+    # publish becomes a row of `messages`; quota decisions reach the edge whose port was picked
+    # at start, with the config's [edge] table (counters every second: a decision within
+    # seconds); SIGHUP reaches the edge and the pipeline; SIGTERM ends everything with exit 0.
     tenants = tmp_path / "tenants.toml"
     tenants.write_text(
         '[operator]\ntoken = "op"\n'
@@ -161,6 +95,14 @@ def test_run_on_port_0_enforces_quotas_with_the_edge_settings_of_its_config(
     )
     args = ("--node-id", "quota", "--tenants", str(tenants), "--config", str(config))
     with running(tmp_path, *args) as (proc, log):
+
+        def wait_logged(text: bytes) -> None:
+            deadline = time.monotonic() + 120
+            while text not in log.read_bytes():
+                assert proc.poll() is None, log.read_text()[-4000:]
+                assert time.monotonic() < deadline, f"{text!r} not logged"
+                time.sleep(0.1)
+
         assert proc.stdout is not None
         line = proc.stdout.readline().decode()
         assert line.startswith("edgebus edge quota listening on 127.0.0.1:"), line
@@ -179,10 +121,33 @@ def test_run_on_port_0_enforces_quotas_with_the_edge_settings_of_its_config(
         while 0x97 not in codes:
             assert proc.poll() is None, log.read_text()[-4000:]
             assert time.monotonic() < deadline, "the tenant was never blocked"
-            client.publish("fleet/v1/telemetry", b"{}", qos=1)
+            client.publish("fleet/v1/telemetry", b'{"speed":1}', qos=1)
             codes.append(acks.get(timeout=10))
             time.sleep(0.2)
         assert codes[:5] == [0] * 5
         client.disconnect()
         client.loop_stop()
         assert b"edgebus: no --broker" not in log.read_bytes()
+        # Every accepted publish is a row of `messages`, once.
+        accepted = codes.count(0)
+        table = tmp_path / "lake" / "messages"
+        deadline = time.monotonic() + 120
+        rows: list[dict[str, object]] = []
+        while len(rows) < accepted:
+            assert proc.poll() is None, log.read_text()[-4000:]
+            assert time.monotonic() < deadline, f"{len(rows)} of {accepted} rows"
+            if DeltaTable.is_deltatable(str(table)):  # a first commit, not just the folder
+                rows = read_table(table, columns=["tenant", "topic", "seq"]).to_pylist()
+            time.sleep(0.5)
+        device = [r for r in rows if r["topic"] == "fleet/v1/telemetry"]
+        assert len(device) == accepted
+        assert {r["tenant"] for r in device} == {"tiny"}
+        assert len({r["seq"] for r in rows}) == len(rows)
+        # SIGHUP: both halves reload the tenants file.
+        wait_logged(b"tenant(s)")  # the pipeline read the file: its SIGHUP handler is set
+        tenants.write_text(tenants.read_text() + '[tenants.b]\ntokens = ["b-1"]\n')
+        proc.send_signal(signal.SIGHUP)
+        reloaded = b": SIGHUP: tenants file " + str(tenants).encode() + b" reloaded (2 tenants)"
+        wait_logged(b"broker_edge.node" + reloaded)  # the edge's logger
+        wait_logged(b"edgebus" + reloaded)  # the pipeline's
+        assert proc.poll() is None

@@ -3,7 +3,9 @@ cluster (issue 12): two ``edgebus edge`` processes with their own data dirs, whi
 is never told about, serve their journals over HTTP; the executors fetch the ranges from the
 edges, every acknowledged publish lands once in ``messages``, and each edge gets its node's
 retained journal notice; a driver SIGKILLed mid-run and run again, then a worker SIGKILLed
-mid-run (the other one finishes the run), leave every record once."""
+mid-run (the other one finishes the run), leave every record once, in ``messages`` and in
+``logs`` (the edges' log events). One cluster for the cluster tests: an application's start
+(driver, executors) is most of what they cost."""
 
 from __future__ import annotations
 
@@ -109,3 +111,11 @@ def test_a_standalone_cluster_reads_two_edges_over_http(
     for edge in two_edges:
         last = max(r["seq"] for r in rows if r["node"] == edge.node)
         assert retained_notice(edge.mqtt_port, edge.node).committed_seq >= last
+    # The executors wrote the other tables too: each edge's log events of its publisher.
+    logs = read_table(lake / "logs", columns=["node", "seq", "event_type", "client_id"])
+    events = logs.to_pylist()
+    assert len({(r["node"], r["seq"]) for r in events}) == len(events)
+    for node, prefix in (("edge-a", "a"), ("edge-b", "b")):
+        assert (node, "connect", f"pub-{prefix}-0") in {
+            (r["node"], r["event_type"], r["client_id"]) for r in events
+        }
