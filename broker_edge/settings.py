@@ -85,6 +85,12 @@ class EdgeSettings:
     http_listen: str = ""
     # Records one HTTP request may ask for (413 beyond): what one request costs the edge.
     http_max_records: int = 1_000_000
+    # The edge mesh (broker_edge.mesh): HOST:PORT (the MQTT port) of every other edge; each is
+    # dialed and redialed with backoff. Empty: a single edge.
+    peers: tuple[str, ...] = ()
+    # What links authenticate with when there is no tenants file (with one: its operator
+    # token). An edge with neither refuses links. At least 16 characters.
+    mesh_token: str = ""
 
     def __post_init__(self) -> None:
         _require(0 <= self.port <= 65_535, "edge.port", f"must be 0..65535, got {self.port}")
@@ -174,6 +180,19 @@ class EdgeSettings:
             f"must be >= 1, got {self.http_max_records}",
         )
 
+        for peer in self.peers:
+            _host_port(peer, "edge.peers", minimum=1)
+        _require(
+            len(set(self.peers)) == len(self.peers),
+            "edge.peers",
+            f"lists a peer twice: {list(self.peers)}",
+        )
+        _require(
+            not self.mesh_token or (len(self.mesh_token) >= 16 and self.mesh_token.isprintable()),
+            "edge.mesh_token",
+            "must be at least 16 printable characters (or empty: no links without a tenants file)",
+        )
+
     @property
     def journal_root(self) -> Path:
         return self.data_dir / "journal"
@@ -181,13 +200,21 @@ class EdgeSettings:
     @property
     def http_address(self) -> tuple[str, int]:
         """``http_listen`` as (host, port); ConfigError naming the key when it is not one."""
-        host, sep, port = self.http_listen.rpartition(":")
-        host = host.strip("[]")
-        if not sep or not host or not port.isdigit() or int(port) > 65_535:
-            raise ConfigError(
-                f"edge.http_listen: expected HOST:PORT (port 0..65535), got {self.http_listen!r}"
-            )
-        return host, int(port)
+        return _host_port(self.http_listen, "edge.http_listen")
+
+    @property
+    def peer_addresses(self) -> tuple[tuple[str, int], ...]:
+        """``peers`` as (host, port) pairs."""
+        return tuple(_host_port(peer, "edge.peers", minimum=1) for peer in self.peers)
+
+
+def _host_port(text: str, key: str, minimum: int = 0) -> tuple[str, int]:
+    """``HOST:PORT`` as (host, port); ConfigError naming ``key`` when it is not one."""
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not minimum <= int(port) <= 65_535:
+        raise ConfigError(f"{key}: expected HOST:PORT (port {minimum}..65535), got {text!r}")
+    return host, int(port)
 
 
 def _require(ok: bool, key: str, problem: str) -> None:

@@ -58,6 +58,13 @@ def _parser() -> argparse.ArgumentParser:
     edge.add_argument(
         "--loop", choices=("auto", "uvloop", "asyncio"), default="auto", help="event loop"
     )
+    edge.add_argument(
+        "--peer",
+        type=_host_port,
+        action="append",
+        default=[],
+        help="HOST:PORT (MQTT) of another edge of the mesh (repeatable; added to [edge] peers)",
+    )
 
     pipe = sub.add_parser("pipeline", help="run the Spark pipeline over every node's journal")
     _pipeline_args(pipe)
@@ -178,6 +185,14 @@ def _edge(args: argparse.Namespace) -> int:
         "http_listen": _join_host_port(args.http) if args.http else None,
     }
     settings = load_edge(args.config, overrides, defaults={"node_id": socket.gethostname()})
+    if args.peer:
+        added = [_join_host_port(peer) for peer in args.peer]
+        try:
+            settings = dataclasses.replace(
+                settings, peers=tuple(dict.fromkeys([*settings.peers, *added]))
+            )
+        except ConfigError as exc:
+            raise SettingsError(f"--peer: {exc}") from exc
     runner = _event_loop_runner(args.loop)
     if args.tenants is not None:
         from broker_edge.tenants import load as load_tenants

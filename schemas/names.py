@@ -29,6 +29,10 @@ LOG_EVENTS = frozenset(
         "journal_full",
         "journal_error",
         "journal_resumed",
+        # The edge mesh (broker_edge.mesh), in the operator's namespace.
+        "link_up",
+        "link_down",
+        "link_refused",
     }
 )
 

@@ -1,0 +1,353 @@
+"""The edge mesh's wiring (asyncio): links dialed with backoff, links accepted, frames handled.
+
+The protocol, the routing state and why it is shaped so are in :mod:`broker_edge.mesh` (pure).
+Here: one :class:`Link` per TCP connection (dialed by this edge, or handed over by the listener
+when a connection opens with the link magic), and :class:`Mesh`, which owns them and talks to
+the broker: it forwards the node's publishes (``Broker.mesh.forward``), delivers the peers'
+(``Broker.deliver_remote``), tells the peers what this node's sessions want, publishes
+``link_up`` / ``link_down`` / ``link_refused`` in the operator's ``$log`` and keeps each peer's
+state for ``$SYS/broker/mesh/peers/{HOST:PORT}``.
+
+Writes are batched: a link's frames wait in its ``out`` until the end of the loop iteration,
+then go in one ``transport.write``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import typing
+from collections.abc import Callable
+from typing import Any
+
+from broker_edge import mesh
+from broker_edge.logtext import printable
+from broker_edge.mesh import Dedup, FrameBuffer, Interest, MeshProtocolError, PeerRoutes, Unacked
+from broker_edge.message import Message
+from broker_edge.settings import EdgeSettings
+from broker_edge.tenants import OPERATOR_TENANT
+
+if typing.TYPE_CHECKING:
+    from broker_edge.broker import Broker
+
+log = logging.getLogger(__name__)
+
+# Redial delays: doubled after each failed attempt up to the maximum, +-20 % jitter.
+BACKOFF_MIN = 0.2
+BACKOFF_MAX = 10.0
+
+# A link's states as $SYS shows them.
+CONNECTING, UP, DOWN, REFUSED = "connecting", "up", "down", "refused"
+
+
+class Link(asyncio.Protocol):
+    """One link: ``outbound`` when this edge dialed it (it receives publishes and sends its
+    interest and acks), else accepted (it sends publishes, receives interest and acks)."""
+
+    def __init__(self, owner: Mesh, outbound: bool, address: str) -> None:
+        self.mesh = owner
+        self.outbound = outbound
+        self.address = address  # the peer's HOST:PORT (dialed) or its socket's (accepted)
+        self.transport: asyncio.Transport | None = None
+        self.frames = FrameBuffer(mesh.MAX_HELLO_FRAME)
+        self.node: str | None = None  # the other end's node id, once admitted
+        self.up = False
+        self.out: list[bytes] = []
+        self.acks: list[int] = []
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._magic = b"" if outbound else mesh.MAGIC  # what is still to be read of it
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = typing.cast(asyncio.Transport, transport)
+        if self.outbound:
+            self.mesh.dialed(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self._magic:
+            n = min(len(data), len(self._magic))
+            if data[:n] != self._magic[:n]:
+                self.close()
+                return
+            self._magic = self._magic[n:]
+            data = data[n:]
+        try:
+            for kind, body in self.frames.feed(data):
+                self.mesh.handle(self, kind, body)
+                if self.transport is None or self.transport.is_closing():
+                    return
+        except MeshProtocolError as exc:
+            log.warning("link %s (%s): %s: closing", self.node or "?", self.address, exc)
+            self.close()
+            return
+        self.mesh.after_read(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.mesh.lost(self)
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def send(self, data: bytes) -> None:
+        if not self.out:
+            self.mesh.dirty.add(self)
+            self.mesh.want_flush()
+        self.out.append(data)
+
+    def write_out(self) -> None:
+        if self.out and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(b"".join(self.out))
+        self.out.clear()
+
+    def close(self) -> None:
+        self.write_out()
+        if self.transport is not None:
+            self.transport.close()
+
+
+class Mesh:
+    """This edge's links to its peers. ``token()``: what links authenticate with now (None:
+    none are taken, none dialed)."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        settings: EdgeSettings,
+        token: Callable[[], str | None],
+    ) -> None:
+        self.broker = broker
+        self.node_id = settings.node_id
+        self.addresses = settings.peer_addresses
+        self.token = token
+        # Peers' frames may carry a whole publish: as big as a packet, plus topic and names.
+        self.max_frame = settings.max_packet_size + 2**18
+        self.interest = Interest()
+        self.interest.on_change = self.want_flush
+        # By peer node, on the origin's side: what it wants, what it has not acknowledged.
+        self.routes: dict[str, PeerRoutes] = {}
+        self.unacked: dict[str, Unacked] = {}
+        self.inbound: dict[str, Link] = {}  # the link each peer dialed (its publishes go there)
+        self.outbound: dict[str, Link] = {}  # the links this edge dialed, by address
+        self.states: dict[str, str] = {f"{h}:{p}": CONNECTING for h, p in self.addresses}
+        self.dedup = Dedup()
+        self.forwarded = 0  # frames of publishes sent to peers
+        self.received = 0  # publishes from peers delivered here
+        self.on_state: Callable[[], None] = _nothing  # a peer's state changed ($SYS now)
+        self.dirty: set[Link] = set()
+        self._flush_soon = False
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        for host, port in self.addresses:
+            self._tasks.append(loop.create_task(self._dial(host, port), name=f"link {host}"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        for link in [*self.inbound.values(), *self.outbound.values()]:
+            link.close()
+
+    async def _dial(self, host: str, port: int) -> None:
+        address = f"{host}:{port}"
+        delay = BACKOFF_MIN
+        while True:
+            if self.token() is not None and await self._link_once(host, port, address):
+                delay = BACKOFF_MIN  # it was up: come back fast
+            await asyncio.sleep(delay * random.uniform(0.8, 1.2))  # noqa: S311 (jitter)
+            delay = min(delay * 2, BACKOFF_MAX)
+
+    async def _link_once(self, host: str, port: int, address: str) -> bool:
+        """Dial ``address`` and serve the link until it closes; True if it was up."""
+        link = Link(self, True, address)
+        try:
+            await asyncio.get_running_loop().create_connection(lambda: link, host, port)
+        except OSError as exc:
+            log.debug("link to %s: %s", address, exc)
+            return False
+        await link.closed
+        return link.node is not None
+
+    # -- links in and out ----------------------------------------------------------------------
+
+    def accept(self, transport: Any, peer: str, data: bytes) -> None:
+        """The listener's connection from ``peer`` opened with the link magic: a link now."""
+        link = Link(self, False, peer)
+        transport.set_protocol(link)
+        link.connection_made(transport)
+        link.data_received(data)
+
+    def dialed(self, link: Link) -> None:
+        token = self.token()
+        self.outbound[link.address] = link
+        link.send(mesh.hello(self.node_id, token or ""))
+
+    def lost(self, link: Link) -> None:
+        self.dirty.discard(link)
+        node = link.node
+        if link.outbound:
+            if self.outbound.get(link.address) is link:
+                del self.outbound[link.address]
+            if link.up:
+                self._set_state(link.address, DOWN)
+        elif node is not None and self.inbound.get(node) is link:
+            del self.inbound[node]
+        if link.up:
+            link.up = False
+            direction = "out" if link.outbound else "in"
+            log.info("link %s %s (%s) down", direction, node, link.address)
+            self._log("link_down", node or "", link.address, direction)
+
+    def handle(self, link: Link, kind: int, body: bytes) -> None:
+        if link.outbound:
+            self._handle_outbound(link, kind, body)
+        else:
+            self._handle_inbound(link, kind, body)
+
+    def _handle_outbound(self, link: Link, kind: int, body: bytes) -> None:
+        if kind == mesh.PUBLISH and link.up:
+            message = mesh.parse_publish(body)
+            assert link.node is not None
+            if self.dedup.fresh(link.node, message.seq):
+                self.received += 1
+                self.broker.deliver_remote(message)
+            if message.qos:
+                link.acks.append(message.seq)
+        elif kind == mesh.WELCOME and not link.up:
+            node = mesh.node_of(body, "WELCOME")
+            if node == self.node_id:
+                log.warning("peer %s is this edge itself: not dialed again", link.address)
+                self._set_state(link.address, REFUSED)
+                link.close()
+                raise MeshProtocolError("a link to this edge itself")
+            link.node = node
+            link.up = True
+            link.frames.max_frame = self.max_frame
+            for data in self.interest.snapshot():
+                link.send(data)
+            log.info("link out to %s (%s) up", node, link.address)
+            self._log("link_up", node, link.address, "out")
+            self._set_state(link.address, UP)
+        elif kind == mesh.REFUSE and not link.up:
+            log.warning("link to %s refused: %s", link.address, printable(mesh.reason_of(body)))
+            self._set_state(link.address, REFUSED)
+            link.close()
+        else:
+            raise MeshProtocolError(f"unexpected frame kind {kind}")
+
+    def _handle_inbound(self, link: Link, kind: int, body: bytes) -> None:
+        node = link.node
+        if node is None:
+            if kind != mesh.HELLO:
+                raise MeshProtocolError(f"frame kind {kind} before HELLO")
+            self._admit(link, mesh.parse_hello(body))
+        elif kind == mesh.INTEREST:
+            tenant, add, remove = mesh.parse_interest(body)
+            self.routes[node].apply(tenant, add, remove)
+        elif kind == mesh.ACK:
+            self.unacked[node].ack(mesh.parse_ack(body))
+        else:
+            raise MeshProtocolError(f"unexpected frame kind {kind}")
+
+    def _admit(self, link: Link, hello: mesh.Hello) -> None:
+        reason = mesh.admit(hello, self.token(), self.node_id)
+        if reason is not None:
+            log.warning("link from %s (%s) refused: %s", hello.node, link.address, reason)
+            self._log("link_refused", hello.node, link.address, "in", reason=reason)
+            link.send(mesh.refuse(reason))
+            link.close()
+            return
+        previous = self.inbound.get(hello.node)
+        if previous is not None:
+            previous.close()  # the peer dialed again: the newer link wins
+            self.lost(previous)
+        link.node = hello.node
+        link.up = True
+        link.frames.max_frame = self.max_frame
+        self.inbound[hello.node] = link
+        routes = self.routes.setdefault(hello.node, PeerRoutes())
+        routes.reset()  # the peer sends all it wants next
+        unacked = self.unacked.setdefault(hello.node, Unacked())
+        link.send(mesh.welcome(self.node_id))
+        for data in unacked.frames.values():  # in seq order, before anything new
+            link.send(data)
+        log.info("link in from %s (%s) up", hello.node, link.address)
+        self._log("link_up", hello.node, link.address, "in")
+
+    def after_read(self, link: Link) -> None:
+        if link.acks:
+            link.send(mesh.ack_frame(link.acks))
+            link.acks = []
+        self.broker.flush_dirty()
+        self.want_flush()
+
+    # -- what the broker calls -----------------------------------------------------------------
+
+    def forward(self, message: Message) -> None:
+        """A publish accepted on this node: once to each peer that wants it."""
+        topic = message.topic
+        if topic[0] == "$" and not topic.startswith(mesh.CROSSING_PREFIXES):
+            return
+        data = None
+        for node, routes in self.routes.items():
+            if not routes.wants(message.tenant, topic):
+                continue
+            if data is None:
+                data = mesh.publish_frame(message)
+            if message.qos:
+                self.unacked[node].add(message.seq, data)
+            link = self.inbound.get(node)
+            if link is not None:
+                link.send(data)
+                self.forwarded += 1
+
+    def sys_values(self) -> tuple[tuple[str, str], ...]:
+        """Each configured peer's link state by HOST:PORT, and the traffic over links."""
+        values = [(f"peers/{address}", state) for address, state in self.states.items()]
+        values += [
+            ("publish/forwarded", str(self.forwarded)),
+            ("publish/received", str(self.received)),
+            ("publish/duplicates", str(self.dedup.dropped)),
+            ("publish/unacked", str(sum(len(u) for u in self.unacked.values()))),
+            ("publish/unacked_dropped", str(sum(u.dropped for u in self.unacked.values()))),
+        ]
+        return tuple(values)
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def want_flush(self) -> None:
+        if not self._flush_soon:
+            self._flush_soon = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_soon = False
+        changes = self.interest.take_changes()
+        if changes:
+            for link in self.outbound.values():
+                if link.up:
+                    for data in changes:
+                        link.send(data)
+        dirty, self.dirty = self.dirty, set()
+        for link in dirty:
+            link.write_out()
+
+    def _set_state(self, address: str, state: str) -> None:
+        if self.states.get(address) != state:
+            self.states[address] = state
+            self.on_state()
+
+    def _log(self, event: str, node: str, address: str, direction: str, **more: Any) -> None:
+        details = {"peer": node, "address": address, "direction": direction, **more}
+        self.broker.log(OPERATOR_TENANT, event, "", details, origin="mesh")
+        self.broker.flush_dirty()
+
+
+def _nothing() -> None:
+    pass
