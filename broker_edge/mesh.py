@@ -14,7 +14,9 @@ queue bounds drop, its expiry ends it) and the dialer would need an MQTT client;
 our own carries the origin, the tenant and the journal seq without properties to parse.
 
 Frames: ``u32 length | u8 kind | body``. :data:`HELLO` (dialer: version, node, token) is answered
-by :data:`WELCOME` (the peer's node) or :data:`REFUSE` (a reason, then close). A link
+by :data:`WELCOME` (the peer's node and run) or :data:`REFUSE` (a reason, then close); a link
+not admitted within the CONNECT timeout is closed, and an admitted one is kept alive by
+:data:`PING` frames both ways (closed when silent for three intervals). A link
 authenticates with the operator token when the edge has a tenants file, else with
 ``edge.mesh_token``; an edge with neither refuses every link. A tenant's token never opens a
 link, and a link is never an MQTT client: it cannot subscribe or publish anywhere itself.
@@ -31,9 +33,10 @@ What crosses (:func:`crosses`): the tenants' own topics and the edge-made ``$log
 QoS: the seq of a crossing message is its journal seq at the origin (unique and increasing per
 node). QoS 1/2 messages stay in the peer's :class:`Unacked` (bounded) until the receiver acks
 them, and are sent again, in order, when the peer dials in again, so a link break loses none;
-the receiver drops what it has seen (:class:`Dedup`: the highest seq per origin, since an
-origin sends in seq order). The peer's filters survive a break too: what matches them while the
-link is down waits for it in Unacked (QoS 0 does not).
+the receiver drops what it has seen (:class:`Dedup`: the highest seq per origin and run, since
+an origin sends in seq order and a new run of it has nothing to send again). The peer's
+filters survive a break too: what matches them while the link is down waits for it in Unacked
+(QoS 0 does not).
 """
 
 from __future__ import annotations
@@ -60,7 +63,8 @@ REFUSE = 3
 INTEREST = 4
 PUBLISH = 5
 ACK = 6
-KINDS = frozenset({HELLO, WELCOME, REFUSE, INTEREST, PUBLISH, ACK})
+PING = 7
+KINDS = frozenset({HELLO, WELCOME, REFUSE, INTEREST, PUBLISH, ACK, PING})
 
 _HEADER = struct.Struct(">IB")  # length of what follows the length, kind
 _PUBLISH = struct.Struct(">QQBB")  # seq, ts_us, qos, retain
@@ -138,8 +142,21 @@ def hello(node: str, token: str) -> bytes:
     return MAGIC + frame(HELLO, _json({"v": VERSION, "node": node, "token": token}))
 
 
-def welcome(node: str) -> bytes:
-    return frame(WELCOME, _json({"node": node}))
+def welcome(node: str, run: str) -> bytes:
+    """The answer to an admitted HELLO: this node, and this run of it (a random id per start:
+    a new run sends nothing an older one sent again, see :class:`Dedup`)."""
+    return frame(WELCOME, _json({"node": node, "run": run}))
+
+
+def parse_welcome(body: bytes) -> tuple[str, str]:
+    """(node, run) of a WELCOME."""
+    run = _doc(body, "WELCOME").get("run")
+    if not isinstance(run, str):
+        raise MeshProtocolError("WELCOME: no run")
+    return node_of(body, "WELCOME"), run
+
+
+PING_FRAME = frame(PING, b"")
 
 
 def refuse(reason: str) -> bytes:
@@ -388,11 +405,20 @@ class Unacked:
 
 class Dedup:
     """The highest seq delivered per origin: an origin sends in seq order, and sends again only
-    what was not acknowledged, so anything at or below it was delivered already."""
+    what was not acknowledged, so anything at or below it was delivered already. What is not
+    acknowledged is kept in memory, so a new run of the origin sends nothing again: its seqs
+    start over as far as this is concerned (:meth:`run`), whatever its journal did."""
 
     def __init__(self) -> None:
         self.last: dict[str, int] = {}
+        self.runs: dict[str, str] = {}
         self.dropped = 0
+
+    def run(self, origin: str, run: str) -> None:
+        """``origin`` said which run of it is at the other end of a link (WELCOME)."""
+        if self.runs.get(origin) != run:
+            self.runs[origin] = run
+            self.last.pop(origin, None)
 
     def fresh(self, origin: str, seq: int) -> bool:
         if seq <= self.last.get(origin, 0):
@@ -411,6 +437,7 @@ __all__ = [
     "HELLO",
     "INTEREST",
     "MAGIC",
+    "PING",
     "PUBLISH",
     "REFUSE",
     "WELCOME",

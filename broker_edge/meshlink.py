@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import secrets
 import typing
 from collections.abc import Callable
 from typing import Any
@@ -38,6 +39,10 @@ log = logging.getLogger(__name__)
 BACKOFF_MIN = 0.2
 BACKOFF_MAX = 10.0
 
+# Each end of an admitted link sends a PING this often (seconds) and closes a link it heard
+# nothing on for three times as long (a peer gone without a FIN: its host died, a cable).
+LINK_KEEPALIVE = 5.0
+
 # A link's states as $SYS shows them.
 CONNECTING, UP, DOWN, REFUSED = "connecting", "up", "down", "refused"
 
@@ -56,15 +61,41 @@ class Link(asyncio.Protocol):
         self.up = False
         self.out: list[bytes] = []
         self.acks: list[int] = []
-        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._loop = asyncio.get_running_loop()
+        self.closed: asyncio.Future[None] = self._loop.create_future()
         self._magic = b"" if outbound else mesh.MAGIC  # what is still to be read of it
+        self.opened = self.heard = self._loop.time()  # connected; last read
+        self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = typing.cast(asyncio.Transport, transport)
+        first = min(LINK_KEEPALIVE, self.mesh.connect_timeout)  # the admission deadline
+        self._timer = self._loop.call_later(first, self._tick)
         if self.outbound:
             self.mesh.dialed(self)
 
+    def _tick(self) -> None:
+        """Keepalive: PING the other end; close a link that went silent, or that was not
+        admitted within the CONNECT timeout (an unknown peer holds nothing for long)."""
+        now = self._loop.time()
+        if now - self.heard > 3 * LINK_KEEPALIVE or (
+            not self.up and now - self.opened > self.mesh.connect_timeout
+        ):
+            log.warning("link %s (%s): silent or not admitted: closing", self.node, self.address)
+            self.close()
+            return
+        if self.up:
+            self.send(mesh.PING_FRAME)
+        delay = LINK_KEEPALIVE if self.up else self.opened + self.mesh.connect_timeout - now
+        self._timer = self._loop.call_later(max(delay, 0.01), self._tick)
+
+    def congested(self) -> bool:
+        """Its socket buffer is over the mesh's high-water mark (QoS 0 is dropped then)."""
+        transport = self.transport
+        return transport is not None and transport.get_write_buffer_size() > self.mesh.high_water
+
     def data_received(self, data: bytes) -> None:
+        self.heard = self._loop.time()
         if self._magic:
             n = min(len(data), len(self._magic))
             if data[:n] != self._magic[:n]:
@@ -84,6 +115,8 @@ class Link(asyncio.Protocol):
         self.mesh.after_read(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
         self.mesh.lost(self)
         if not self.closed.done():
             self.closed.set_result(None)
@@ -121,6 +154,9 @@ class Mesh:
         self.token = token
         # Peers' frames may carry a whole publish: as big as a packet, plus topic and names.
         self.max_frame = settings.max_packet_size + 2**18
+        self.connect_timeout = settings.connect_timeout
+        self.high_water = settings.write_buffer_high_water * 4
+        self.run = secrets.token_hex(8)  # this run of the node (see mesh.Dedup)
         self.interest = Interest()
         self.interest.on_change = self.want_flush
         # By peer node, on the origin's side: what it wants, what it has not acknowledged.
@@ -132,6 +168,7 @@ class Mesh:
         self.dedup = Dedup()
         self.forwarded = 0  # frames of publishes sent to peers
         self.received = 0  # publishes from peers delivered here
+        self.congested = 0  # QoS 0 publishes not sent to a peer whose link was backed up
         self.on_state: Callable[[], None] = _nothing  # a peer's state changed ($SYS now)
         self.dirty: set[Link] = set()
         self._flush_soon = False
@@ -153,6 +190,7 @@ class Mesh:
         self._tasks.clear()
         for link in [*self.inbound.values(), *self.outbound.values()]:
             link.close()
+        await asyncio.sleep(0)  # their connection_lost (link_down) while the journal is open
 
     async def _dial(self, host: str, port: int) -> None:
         address = f"{host}:{port}"
@@ -211,7 +249,9 @@ class Mesh:
             self._handle_inbound(link, kind, body)
 
     def _handle_outbound(self, link: Link, kind: int, body: bytes) -> None:
-        if kind == mesh.PUBLISH and link.up:
+        if kind == mesh.PING and link.up:
+            pass  # heard: that is all
+        elif kind == mesh.PUBLISH and link.up:
             message = mesh.parse_publish(body)
             assert link.node is not None
             if self.dedup.fresh(link.node, message.seq):
@@ -220,7 +260,7 @@ class Mesh:
             if message.qos:
                 link.acks.append(message.seq)
         elif kind == mesh.WELCOME and not link.up:
-            node = mesh.node_of(body, "WELCOME")
+            node, run = mesh.parse_welcome(body)
             if node == self.node_id:
                 log.warning("peer %s is this edge itself: not dialed again", link.address)
                 self._set_state(link.address, REFUSED)
@@ -229,6 +269,7 @@ class Mesh:
             link.node = node
             link.up = True
             link.frames.max_frame = self.max_frame
+            self.dedup.run(node, run)
             for data in self.interest.snapshot():
                 link.send(data)
             log.info("link out to %s (%s) up", node, link.address)
@@ -252,7 +293,7 @@ class Mesh:
             self.routes[node].apply(tenant, add, remove)
         elif kind == mesh.ACK:
             self.unacked[node].ack(mesh.parse_ack(body))
-        else:
+        elif kind != mesh.PING:
             raise MeshProtocolError(f"unexpected frame kind {kind}")
 
     def _admit(self, link: Link, hello: mesh.Hello) -> None:
@@ -274,7 +315,7 @@ class Mesh:
         routes = self.routes.setdefault(hello.node, PeerRoutes())
         routes.reset()  # the peer sends all it wants next
         unacked = self.unacked.setdefault(hello.node, Unacked())
-        link.send(mesh.welcome(self.node_id))
+        link.send(mesh.welcome(self.node_id, self.run))
         for data in unacked.frames.values():  # in seq order, before anything new
             link.send(data)
         log.info("link in from %s (%s) up", hello.node, link.address)
@@ -303,9 +344,13 @@ class Mesh:
             if message.qos:
                 self.unacked[node].add(message.seq, data)
             link = self.inbound.get(node)
-            if link is not None:
+            if link is None:
+                continue
+            if message.qos or not link.congested():
                 link.send(data)
                 self.forwarded += 1
+            else:
+                self.congested += 1
 
     def sys_values(self) -> tuple[tuple[str, str], ...]:
         """Each configured peer's link state by HOST:PORT, and the traffic over links."""
@@ -314,6 +359,7 @@ class Mesh:
             ("publish/forwarded", str(self.forwarded)),
             ("publish/received", str(self.received)),
             ("publish/duplicates", str(self.dedup.dropped)),
+            ("publish/congested", str(self.congested)),
             ("publish/unacked", str(sum(len(u) for u in self.unacked.values()))),
             ("publish/unacked_dropped", str(sum(u.dropped for u in self.unacked.values()))),
         ]

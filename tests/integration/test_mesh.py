@@ -174,6 +174,19 @@ def test_cross_edge_delivery_qos0_qos1_and_wildcards(
     on_c.nothing_more()
 
 
+def test_cross_edge_qos2_exactly_once(edges: list[EdgeProcess], make_client: Any) -> None:
+    a, _, c = edges
+    sub = make_client(port=c.mqtt_port, username=ACME, protocol=mqtt.MQTTv5)
+    sub.subscribe("exact/#", qos=2)
+    pub = make_client(port=a.mqtt_port, username=ACME, protocol=mqtt.MQTTv5)
+    settle(pub, [sub], "exact/probe")
+    for i in range(5):
+        pub.publish("exact/x", f"q2-{i}".encode(), qos=2)
+    got = [sub.get() for _ in range(5)]
+    assert [(m.payload, m.qos) for m in got] == [(f"q2-{i}".encode(), 2) for i in range(5)]
+    sub.nothing_more()
+
+
 def test_a_publish_crosses_once_and_is_journaled_once(
     edges: list[EdgeProcess], make_client: Any
 ) -> None:
@@ -266,6 +279,23 @@ def test_an_edge_without_a_token_takes_no_links(tmp_path: Path) -> None:
     edge = RunningEdge(settings).start()
     try:
         assert "no links" in _refusal(edge.port, "anything-at-all-123")
+    finally:
+        edge.stop()
+
+
+def test_a_link_not_admitted_in_time_is_closed(tmp_path: Path) -> None:
+    from broker_edge.settings import EdgeSettings
+
+    settings = EdgeSettings(
+        port=0, data_dir=tmp_path / "data", node_id="strict", connect_timeout=0.5
+    )
+    edge = RunningEdge(settings).start()
+    try:
+        with socket.create_connection(("127.0.0.1", edge.port), timeout=5) as sock:
+            sock.sendall(mesh.MAGIC)  # and never a HELLO
+            started = time.monotonic()
+            assert sock.recv(4096) == b""  # closed by the edge
+            assert time.monotonic() - started < 3
     finally:
         edge.stop()
 

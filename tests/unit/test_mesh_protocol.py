@@ -183,6 +183,19 @@ def test_unacked_is_bounded_and_acked_in_any_order() -> None:
 
 def test_dedup_drops_what_an_origin_sent_again() -> None:
     dedup = Dedup()
+    dedup.run("a", "run-1")
     assert [dedup.fresh("a", s) for s in (1, 3, 3, 2, 4)] == [True, True, False, False, True]
     assert dedup.fresh("b", 1)
     assert dedup.dropped == 2
+    dedup.run("a", "run-1")  # the same run linked again: what it sends again is dropped
+    assert not dedup.fresh("a", 4)
+    dedup.run("a", "run-2")  # a new run (its journal may have started over) sends nothing again
+    assert dedup.fresh("a", 1)
+
+
+def test_welcome_names_the_node_and_its_run() -> None:
+    [(kind, body)] = FrameBuffer(4096).feed(mesh.welcome("edge-b", "r1"))
+    assert kind == mesh.WELCOME
+    assert mesh.parse_welcome(body) == ("edge-b", "r1")
+    with pytest.raises(MeshProtocolError):
+        mesh.parse_welcome(b'{"node": "edge-b"}')
