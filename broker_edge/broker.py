@@ -684,13 +684,15 @@ class Broker:
                 props.user_properties,
             )
         message = Message(tenant, topic, packet.payload, qos, retain, client_id, ts_us, props, seq)
+        if self.mesh is not None and seq:
+            # First: what this publish sets off (a log event of a queue overflowing, a quota
+            # decision's) is journaled after it, and peers must get it in seq order too.
+            self.mesh.forward(message)
         if tenant == OPERATOR_TENANT:
             self.control(self.tenancy.control_message(tenant, topic, packet.payload))
         deliveries = self.router.route(message, publisher)
         if deliveries is not None:
             self.outbox.deliver(deliveries)
-        if self.mesh is not None and seq:
-            self.mesh.forward(message)
         return seq
 
     def deliver_remote(self, message: Message) -> None:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from broker_edge import mesh
-from broker_edge.logtext import printable
+from broker_edge.logtext import printable, truncated
 from broker_edge.mesh import Dedup, FrameBuffer, Interest, MeshProtocolError, PeerRoutes, Unacked
 from broker_edge.message import Message
 from broker_edge.settings import EdgeSettings
@@ -299,8 +299,10 @@ class Mesh:
     def _admit(self, link: Link, hello: mesh.Hello) -> None:
         reason = mesh.admit(hello, self.token(), self.node_id)
         if reason is not None:
-            log.warning("link from %s (%s) refused: %s", hello.node, link.address, reason)
-            self._log("link_refused", hello.node, link.address, "in", reason=reason)
+            # Whoever tries: the node id is theirs to choose, so it is cut and escaped.
+            node = truncated(hello.node)
+            log.warning("link from %s (%s) refused: %s", printable(node), link.address, reason)
+            self._log("link_refused", node, link.address, "in", reason=reason)
             link.send(mesh.refuse(reason))
             link.close()
             return

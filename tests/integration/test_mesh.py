@@ -19,7 +19,8 @@ from broker_edge import mesh
 from ingest.journal import JournalReader
 from tests.helpers.edge_process import OPERATOR_TOKEN, TENANT_TOKEN, EdgeProcess
 from tests.helpers.edge_process import TENANTS as EDGE_TENANTS
-from tests.integration.conftest import Client, RunningEdge
+from tests.helpers.mesh_clients import SETTLE, settle
+from tests.integration.conftest import RunningEdge
 
 OPERATOR = OPERATOR_TOKEN
 ACME = TENANT_TOKEN
@@ -27,7 +28,6 @@ GLOBEX = "globex-1"
 # The helper's operator and tenant acme, and a second tenant.
 TENANTS = EDGE_TENANTS + f'\n[tenants.globex]\ntokens = ["{GLOBEX}"]\n'
 NODES = ("edge-a", "edge-b", "edge-c")
-SETTLE = 15.0
 
 
 def _config(path: Path, peers: list[str]) -> Path:
@@ -98,30 +98,6 @@ def edges(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[EdgeProcess
     yield started
     for edge in started:
         edge.stop()
-
-
-def settle(publisher: Client, subscribers: list[Client], topic: str) -> None:
-    """Publish probes on ``topic`` until every subscriber got one (the filters reached the
-    publisher's edge), then drain the probes."""
-    deadline = time.monotonic() + SETTLE
-    waiting = list(subscribers)
-    while waiting:
-        assert time.monotonic() < deadline, "subscriptions never reached the publisher's edge"
-        publisher.publish(topic, b"probe")
-        for sub in list(waiting):
-            try:
-                if sub.get(timeout=0.1).payload == b"probe":
-                    waiting.remove(sub)
-            except queue.Empty:
-                pass
-    time.sleep(0.3)
-    for sub in subscribers:
-        while True:
-            try:
-                got = sub.messages.get(timeout=0.2)
-            except queue.Empty:
-                break
-            assert got.payload == b"probe", got
 
 
 def journal_rows(edge: EdgeProcess) -> list[dict[str, Any]]:
