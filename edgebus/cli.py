@@ -58,13 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     edge.add_argument(
         "--loop", choices=("auto", "uvloop", "asyncio"), default="auto", help="event loop"
     )
-    edge.add_argument(
-        "--peer",
-        type=_host_port,
-        action="append",
-        default=[],
-        help="HOST:PORT (MQTT) of another edge of the mesh (repeatable; added to [edge] peers)",
-    )
+    _peer_arg(edge)
 
     pipe = sub.add_parser("pipeline", help="run the Spark pipeline over every node's journal")
     _pipeline_args(pipe)
@@ -98,6 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     run = sub.add_parser("run", help="the embedded default: one edge plus the pipeline")
+    _peer_arg(run)
     run.add_argument("--listen", type=_host_port, default=("127.0.0.1", 1883))
     run.add_argument("--node-id", default=None)
     run.add_argument("--tenants", type=Path, help="tenants file for the edge and the quota step")
@@ -135,6 +130,16 @@ def _parser() -> argparse.ArgumentParser:
     sql_cli.add_parser(sub)
     usage_cli.add_parser(sub)
     return parser
+
+
+def _peer_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--peer",
+        type=_host_port,
+        action="append",
+        default=[],
+        help="HOST:PORT (MQTT) of another edge of the mesh (repeatable; added to [edge] peers)",
+    )
 
 
 def _pipeline_args(parser: argparse.ArgumentParser) -> None:
@@ -502,6 +507,8 @@ def _run(args: argparse.Namespace) -> int:
     ]
     if args.node_id:
         edge_cmd += ["--node-id", args.node_id]
+    for peer in args.peer:  # a single edge unless peers are given
+        edge_cmd += ["--peer", _join_host_port(peer)]
     pipe_cmd = [*exe, "pipeline", "--data-dir", str(pipeline_settings.data_dir)]
     if args.tenants:
         edge_cmd += ["--tenants", str(args.tenants)]
