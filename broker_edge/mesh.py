@@ -13,13 +13,17 @@ MQTT 5 connection per link: every delivery over it would go through a client ses
 queue bounds drop, its expiry ends it) and the dialer would need an MQTT client; a frame of
 our own carries the origin, the tenant and the journal seq without properties to parse.
 
-Frames: ``u32 length | u8 kind | body``. :data:`HELLO` (dialer: version, node, token) is answered
-by :data:`WELCOME` (the peer's node and run) or :data:`REFUSE` (a reason, then close); a link
-not admitted within the CONNECT timeout is closed, and an admitted one is kept alive by
-:data:`PING` frames both ways (closed when silent for three intervals). A link
-authenticates with the operator token when the edge has a tenants file, else with
-``edge.mesh_token``; an edge with neither refuses every link. A tenant's token never opens a
-link, and a link is never an MQTT client: it cannot subscribe or publish anywhere itself.
+Frames: ``u32 length | u8 kind | body``. Both ends prove they hold the link token, which never
+crosses the wire: the dialer's :data:`HELLO` (version, node, a random challenge) is answered by
+:data:`CHALLENGE` (the acceptor's node, its own challenge, and an HMAC of both challenges under
+the token), which the dialer checks before it sends :data:`AUTH` (its HMAC); the acceptor
+answers :data:`WELCOME` (its run) or :data:`REFUSE` (a reason, then close). So an impostor
+at a peer's address learns nothing and can inject nothing, and a recorded handshake cannot be
+replayed. A link not admitted within the CONNECT timeout is closed; an admitted one is kept
+alive by :data:`PING` frames both ways (closed when silent for three intervals). The link token
+is the operator token when the edge has a tenants file with one, else ``edge.mesh_token``; an
+edge with neither refuses every link. A tenant's token never opens a link, and a link is never
+an MQTT client: it cannot subscribe or publish anywhere itself.
 
 Routing state: each edge counts, per tenant namespace, the filters its sessions hold
 (:class:`Interest`: a filter once per node however many subscribers). A new link gets the whole
@@ -41,8 +45,10 @@ filters survive a break too: what matches them while the link is down waits for 
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
+import secrets
 import struct
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -64,7 +70,9 @@ INTEREST = 4
 PUBLISH = 5
 ACK = 6
 PING = 7
-KINDS = frozenset({HELLO, WELCOME, REFUSE, INTEREST, PUBLISH, ACK, PING})
+CHALLENGE = 8
+AUTH = 9
+KINDS = frozenset({HELLO, WELCOME, REFUSE, INTEREST, PUBLISH, ACK, PING, CHALLENGE, AUTH})
 
 _HEADER = struct.Struct(">IB")  # length of what follows the length, kind
 _PUBLISH = struct.Struct(">QQBB")  # seq, ts_us, qos, retain
@@ -137,23 +145,46 @@ def _doc(body: bytes, what: str) -> dict[str, object]:
     return doc
 
 
-def hello(node: str, token: str) -> bytes:
-    """What a dialer sends first: the magic, then its HELLO."""
-    return MAGIC + frame(HELLO, _json({"v": VERSION, "node": node, "token": token}))
+def nonce() -> str:
+    """A fresh challenge for one handshake."""
+    return secrets.token_hex(16)
+
+
+def hello(node: str, dialer_nonce: str) -> bytes:
+    """What a dialer sends first: the magic, then its HELLO (its node and a challenge)."""
+    return MAGIC + frame(HELLO, _json({"v": VERSION, "node": node, "nonce": dialer_nonce}))
+
+
+def proof(token: str, role: str, first: str, second: str, node: str) -> str:
+    """What shows ``node`` holds the link token in this handshake: an HMAC of both challenges
+    (``role``: "accept" or "dial", so one side's proof is never the other's)."""
+    text = f"{role}|{first}|{second}|{node}".encode()
+    return hmac.new(token.encode(), text, hashlib.sha256).hexdigest()
+
+
+def proven(given: str, token: str, role: str, first: str, second: str, node: str) -> bool:
+    return hmac.compare_digest(given.encode(), proof(token, role, first, second, node).encode())
+
+
+def challenge(node: str, acceptor_nonce: str, acceptor_proof: str) -> bytes:
+    """The acceptor's answer to a HELLO: its node, its challenge and its proof."""
+    body: dict[str, object] = {"node": node, "nonce": acceptor_nonce, "proof": acceptor_proof}
+    return frame(CHALLENGE, _json(body))
+
+
+def auth(dialer_proof: str) -> bytes:
+    return frame(AUTH, _json({"proof": dialer_proof}))
 
 
 def welcome(node: str, run: str) -> bytes:
-    """The answer to an admitted HELLO: this node, and this run of it (a random id per start:
+    """The answer to an admitted AUTH: this node, and this run of it (a random id per start:
     a new run sends nothing an older one sent again, see :class:`Dedup`)."""
     return frame(WELCOME, _json({"node": node, "run": run}))
 
 
 def parse_welcome(body: bytes) -> tuple[str, str]:
     """(node, run) of a WELCOME."""
-    run = _doc(body, "WELCOME").get("run")
-    if not isinstance(run, str):
-        raise MeshProtocolError("WELCOME: no run")
-    return node_of(body, "WELCOME"), run
+    return node_of(body, "WELCOME"), _text(body, "WELCOME", "run")
 
 
 PING_FRAME = frame(PING, b"")
@@ -164,11 +195,18 @@ def refuse(reason: str) -> bytes:
 
 
 def node_of(body: bytes, what: str) -> str:
-    """The ``node`` of a HELLO or WELCOME."""
+    """The ``node`` of a HELLO, CHALLENGE or WELCOME."""
     node = _doc(body, what).get("node")
     if not isinstance(node, str) or not node or "/" in node:
         raise MeshProtocolError(f"{what}: bad node {node!r}")
     return node
+
+
+def _text(body: bytes, what: str, key: str) -> str:
+    value = _doc(body, what).get(key)
+    if not isinstance(value, str) or not 0 < len(value) <= 200:
+        raise MeshProtocolError(f"{what}: bad {key}")
+    return value
 
 
 def reason_of(body: bytes) -> str:
@@ -178,26 +216,34 @@ def reason_of(body: bytes) -> str:
 @dataclass(frozen=True, slots=True)
 class Hello:
     node: str
-    token: str
+    nonce: str
 
 
 def parse_hello(body: bytes) -> Hello:
     doc = _doc(body, "HELLO")
     if doc.get("v") != VERSION:
         raise MeshProtocolError(f"HELLO: link protocol version {doc.get('v')!r}, not {VERSION}")
-    token = doc.get("token")
-    if not isinstance(token, str):
-        raise MeshProtocolError("HELLO: no token")
-    return Hello(node_of(body, "HELLO"), token)
+    return Hello(node_of(body, "HELLO"), _text(body, "HELLO", "nonce"))
 
 
-def admit(hello: Hello, expected: str | None, own_node: str) -> str | None:
-    """Why a link is refused (None: admitted). ``expected``: the token links must present
+def parse_challenge(body: bytes) -> tuple[str, str, str]:
+    """(node, nonce, proof) of a CHALLENGE."""
+    return (
+        node_of(body, "CHALLENGE"),
+        _text(body, "CHALLENGE", "nonce"),
+        _text(body, "CHALLENGE", "proof"),
+    )
+
+
+def parse_auth(body: bytes) -> str:
+    return _text(body, "AUTH", "proof")
+
+
+def refusal(hello: Hello, expected: str | None, own_node: str) -> str | None:
+    """Why a HELLO is refused at once (None: challenge it). ``expected``: the link token
     (None: this edge takes no links)."""
     if expected is None:
         return "this edge takes no links (no operator token, no edge.mesh_token)"
-    if not hmac.compare_digest(hello.token.encode(), expected.encode()):
-        return "bad token"
     if hello.node == own_node:
         return f"node id {own_node!r} is this edge's own"
     return None
@@ -434,6 +480,8 @@ def _nothing() -> None:
 
 __all__ = [
     "ACK",
+    "AUTH",
+    "CHALLENGE",
     "HELLO",
     "INTEREST",
     "MAGIC",

@@ -58,6 +58,11 @@ class Link(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.frames = FrameBuffer(mesh.MAX_HELLO_FRAME)
         self.node: str | None = None  # the other end's node id, once admitted
+        # The handshake (broker_edge.mesh): our challenge; accepted: the HELLO; dialed: the
+        # acceptor's node once it proved the token.
+        self.nonce = mesh.nonce()
+        self.hello: mesh.Hello | None = None
+        self.proven: str | None = None
         self.up = False
         self.out: list[bytes] = []
         self.acks: list[int] = []
@@ -222,9 +227,8 @@ class Mesh:
         link.data_received(data)
 
     def dialed(self, link: Link) -> None:
-        token = self.token()
         self.outbound[link.address] = link
-        link.send(mesh.hello(self.node_id, token or ""))
+        link.send(mesh.hello(self.node_id, link.nonce))
 
     def lost(self, link: Link) -> None:
         self.dirty.discard(link)
@@ -259,13 +263,12 @@ class Mesh:
                 self.broker.deliver_remote(message)
             if message.qos:
                 link.acks.append(message.seq)
-        elif kind == mesh.WELCOME and not link.up:
+        elif kind == mesh.CHALLENGE and link.proven is None and not link.up:
+            self._answer(link, *mesh.parse_challenge(body))
+        elif kind == mesh.WELCOME and link.proven is not None and not link.up:
             node, run = mesh.parse_welcome(body)
-            if node == self.node_id:
-                log.warning("peer %s is this edge itself: not dialed again", link.address)
-                self._set_state(link.address, REFUSED)
-                link.close()
-                raise MeshProtocolError("a link to this edge itself")
+            if node != link.proven:
+                raise MeshProtocolError(f"WELCOME from {node!r}, not {link.proven!r}")
             link.node = node
             link.up = True
             link.frames.max_frame = self.max_frame
@@ -282,12 +285,31 @@ class Mesh:
         else:
             raise MeshProtocolError(f"unexpected frame kind {kind}")
 
+    def _answer(self, link: Link, node: str, nonce: str, proof: str) -> None:
+        """The dialed edge's CHALLENGE: check its proof, then prove ours (AUTH)."""
+        token = self.token()
+        if token is None or node == self.node_id:
+            reason = "a link to this edge itself" if token else "no link token"
+        elif not mesh.proven(proof, token, "accept", link.nonce, nonce, node):
+            reason = "the peer did not prove the link token"
+        else:
+            link.proven = node
+            link.send(mesh.auth(mesh.proof(token, "dial", nonce, link.nonce, self.node_id)))
+            return
+        log.warning("link to %s (%s) given up: %s", printable(node), link.address, reason)
+        self._set_state(link.address, REFUSED)
+        self._log("link_refused", truncated(node), link.address, "out", reason=reason)
+        link.close()
+
     def _handle_inbound(self, link: Link, kind: int, body: bytes) -> None:
         node = link.node
         if node is None:
-            if kind != mesh.HELLO:
-                raise MeshProtocolError(f"frame kind {kind} before HELLO")
-            self._admit(link, mesh.parse_hello(body))
+            if kind == mesh.HELLO and link.hello is None:
+                self._challenge(link, mesh.parse_hello(body))
+            elif kind == mesh.AUTH and link.hello is not None:
+                self._admit(link, link.hello, mesh.parse_auth(body))
+            else:
+                raise MeshProtocolError(f"frame kind {kind} before the link was admitted")
         elif kind == mesh.INTEREST:
             tenant, add, remove = mesh.parse_interest(body)
             self.routes[node].apply(tenant, add, remove)
@@ -296,15 +318,32 @@ class Mesh:
         elif kind != mesh.PING:
             raise MeshProtocolError(f"unexpected frame kind {kind}")
 
-    def _admit(self, link: Link, hello: mesh.Hello) -> None:
-        reason = mesh.admit(hello, self.token(), self.node_id)
-        if reason is not None:
-            # Whoever tries: the node id is theirs to choose, so it is cut and escaped.
-            node = truncated(hello.node)
-            log.warning("link from %s (%s) refused: %s", printable(node), link.address, reason)
-            self._log("link_refused", node, link.address, "in", reason=reason)
-            link.send(mesh.refuse(reason))
-            link.close()
+    def _challenge(self, link: Link, hello: mesh.Hello) -> None:
+        """A HELLO: refuse it, or prove this edge holds the token and challenge the dialer."""
+        token = self.token()
+        reason = mesh.refusal(hello, token, self.node_id)
+        if reason is not None or token is None:
+            self._refuse(link, hello, reason or "no link token")
+            return
+        link.hello = hello
+        proof = mesh.proof(token, "accept", hello.nonce, link.nonce, self.node_id)
+        link.send(mesh.challenge(self.node_id, link.nonce, proof))
+
+    def _refuse(self, link: Link, hello: mesh.Hello, reason: str) -> None:
+        # Whoever tries: the node id is theirs to choose, so it is cut and escaped.
+        node = truncated(hello.node)
+        log.warning("link from %s (%s) refused: %s", printable(node), link.address, reason)
+        self._log("link_refused", node, link.address, "in", reason=reason)
+        link.send(mesh.refuse(reason))
+        link.close()
+
+    def _admit(self, link: Link, hello: mesh.Hello, proof: str) -> None:
+        """An AUTH: the dialer proved the token (or is refused); the link is up."""
+        token = self.token()
+        if token is None or not mesh.proven(
+            proof, token, "dial", link.nonce, hello.nonce, hello.node
+        ):
+            self._refuse(link, hello, "bad token")
             return
         previous = self.inbound.get(hello.node)
         if previous is not None:

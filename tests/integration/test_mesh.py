@@ -228,12 +228,17 @@ def test_dollar_topics(edges: list[EdgeProcess], make_client: Any) -> None:
 
 
 def _refusal(port: int, token: str) -> str:
+    """Open a link as node "intruder" holding ``token``: the edge's reason to refuse it."""
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-        sock.sendall(mesh.hello("intruder", token))
-        data = b""
+        sock.sendall(mesh.hello("intruder", "n-intruder"))
+        frames = mesh.FrameBuffer(4096)
+        got: list[tuple[int, bytes]] = []
         while chunk := sock.recv(4096):
-            data += chunk
-    [(kind, body)] = mesh.FrameBuffer(4096).feed(data)
+            got += frames.feed(chunk)
+            if got and got[0][0] == mesh.CHALLENGE and len(got) == 1:
+                _, nonce, _ = mesh.parse_challenge(got[0][1])
+                sock.sendall(mesh.auth(mesh.proof(token, "dial", nonce, "n-intruder", "intruder")))
+    kind, body = got[-1]
     assert kind == mesh.REFUSE
     return mesh.reason_of(body)
 

@@ -3,6 +3,8 @@ state is read on their loops), linked with a mesh token, and stock paho clients.
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -10,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from broker_edge import mesh
 from broker_edge.meshlink import Mesh
 from broker_edge.settings import EdgeSettings
 from tests.helpers.mesh_clients import SETTLE, settle
@@ -86,3 +89,37 @@ def test_a_broken_link_resends_what_was_not_acknowledged_once(
     assert [sub.get(timeout=SETTLE).payload for _ in range(3)] == [b"m3", b"m4", b"m5"]
     sub.nothing_more()
     assert b.call(lambda: _mesh(b).states) == {f"127.0.0.1:{a.port}": "up"}
+
+
+def test_an_impostor_at_a_peers_address_gets_no_proof_and_no_link(
+    edge_settings: EdgeSettings,
+) -> None:
+    """Something listening at a peer's address without the token: its CHALLENGE proves
+    nothing, so the edge sends no AUTH and gives the link up."""
+    server = socket.create_server(("127.0.0.1", 0))
+    heard: list[bytes] = []
+
+    def impostor() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.settimeout(SETTLE)
+            heard.append(conn.recv(4096))
+            conn.sendall(mesh.challenge("peer", "n-fake", "00" * 32))
+            while chunk := conn.recv(4096):
+                heard.append(chunk)
+
+    thread = threading.Thread(target=impostor, daemon=True)
+    thread.start()
+    address = f"127.0.0.1:{server.getsockname()[1]}"
+    settings = replace(edge_settings, mesh_token=TOKEN, peers=(address,))
+    edge = RunningEdge(settings).start()
+    try:
+        _until(edge, lambda: _mesh(edge).states[address] == "refused")
+        thread.join(SETTLE)
+        assert heard[0].startswith(mesh.MAGIC)
+        assert all(TOKEN.encode() not in data for data in heard)
+        frames = mesh.FrameBuffer(4096).feed(b"".join(heard)[len(mesh.MAGIC) :])
+        assert [kind for kind, _ in frames] == [mesh.HELLO]  # no AUTH
+    finally:
+        edge.stop()
+        server.close()

@@ -87,21 +87,43 @@ def test_truncated_publish_is_a_protocol_error(body: bytes) -> None:
         mesh.parse_publish(body)
 
 
-def test_hello_and_admission() -> None:
-    data = mesh.hello("edge-a", "secret-token-123456")
+def _frame(data: bytes) -> tuple[int, bytes]:
+    [(kind, body)] = FrameBuffer(4096).feed(data)
+    return kind, body
+
+
+def test_handshake_proves_the_token_both_ways_without_sending_it() -> None:
+    token = "secret-token-123456"
+    data = mesh.hello("edge-a", "n-dial")
     assert data.startswith(mesh.MAGIC)
-    [(kind, body)] = FrameBuffer(4096).feed(data[len(mesh.MAGIC) :])
+    assert token.encode() not in data
+    kind, body = _frame(data[len(mesh.MAGIC) :])
     assert kind == mesh.HELLO
     hello = mesh.parse_hello(body)
-    assert hello == mesh.Hello("edge-a", "secret-token-123456")
-    assert mesh.admit(hello, "secret-token-123456", "edge-b") is None
-    assert mesh.admit(hello, "another-token-12345", "edge-b") == "bad token"
-    assert "no links" in str(mesh.admit(hello, None, "edge-b"))
-    assert "own" in str(mesh.admit(hello, "secret-token-123456", "edge-a"))
+    assert hello == mesh.Hello("edge-a", "n-dial")
+    assert mesh.refusal(hello, token, "edge-b") is None
+    assert "no links" in str(mesh.refusal(hello, None, "edge-b"))
+    assert "own" in str(mesh.refusal(hello, token, "edge-a"))
+    # The acceptor proves first, over both challenges; the dialer checks, then proves.
+    accept = mesh.proof(token, "accept", hello.nonce, "n-acc", "edge-b")
+    kind, body = _frame(mesh.challenge("edge-b", "n-acc", accept))
+    assert kind == mesh.CHALLENGE
+    node, nonce, given = mesh.parse_challenge(body)
+    assert mesh.proven(given, token, "accept", "n-dial", nonce, node)
+    assert not mesh.proven(given, "other-token-123456", "accept", "n-dial", nonce, node)
+    assert not mesh.proven(given, token, "dial", "n-dial", nonce, node)  # roles differ
+    assert not mesh.proven(given, token, "accept", "n-replayed", nonce, node)
+    dial = mesh.proof(token, "dial", nonce, "n-dial", "edge-a")
+    kind, body = _frame(mesh.auth(dial))
+    assert kind == mesh.AUTH
+    assert mesh.proven(mesh.parse_auth(body), token, "dial", "n-acc", "n-dial", "edge-a")
     with pytest.raises(MeshProtocolError):
-        mesh.parse_hello(b'{"v": 99, "node": "x", "token": "t"}')
+        mesh.parse_hello(b'{"v": 99, "node": "x", "nonce": "n"}')
     with pytest.raises(MeshProtocolError):
-        mesh.parse_hello(b'{"v": 1, "node": "a/b", "token": "t"}')
+        mesh.parse_hello(b'{"v": 1, "node": "a/b", "nonce": "n"}')
+    with pytest.raises(MeshProtocolError):
+        mesh.parse_auth(b'{"proof": 7}')
+    assert mesh.nonce() != mesh.nonce()
 
 
 def test_interest_counts_a_filter_once_per_node() -> None:
