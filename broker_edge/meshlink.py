@@ -170,6 +170,7 @@ class Mesh:
         self.inbound: dict[str, Link] = {}  # the link each peer dialed (its publishes go there)
         self.outbound: dict[str, Link] = {}  # the links this edge dialed, by address
         self.states: dict[str, str] = {f"{h}:{p}": CONNECTING for h, p in self.addresses}
+        self.inbound_states: dict[str, str] = {}  # the links peers dialed, by their node
         self.dedup = Dedup()
         self.forwarded = 0  # frames of publishes sent to peers
         self.received = 0  # publishes from peers delivered here
@@ -240,6 +241,8 @@ class Mesh:
                 self._set_state(link.address, DOWN)
         elif node is not None and self.inbound.get(node) is link:
             del self.inbound[node]
+            self.inbound_states[node] = DOWN
+            self.on_state()
         if link.up:
             link.up = False
             direction = "out" if link.outbound else "in"
@@ -359,6 +362,8 @@ class Mesh:
         link.send(mesh.welcome(self.node_id, self.run))
         for data in unacked.frames.values():  # in seq order, before anything new
             link.send(data)
+        self.inbound_states[hello.node] = UP
+        self.on_state()
         log.info("link in from %s (%s) up", hello.node, link.address)
         self._log("link_up", hello.node, link.address, "in")
 
@@ -394,8 +399,10 @@ class Mesh:
                 self.congested += 1
 
     def sys_values(self) -> tuple[tuple[str, str], ...]:
-        """Each configured peer's link state by HOST:PORT, and the traffic over links."""
+        """Each configured peer's link state by HOST:PORT (the link this edge dials), each
+        peer's link to this edge by node, and the traffic over links."""
         values = [(f"peers/{address}", state) for address, state in self.states.items()]
+        values += [(f"inbound/{node}", state) for node, state in self.inbound_states.items()]
         values += [
             ("publish/forwarded", str(self.forwarded)),
             ("publish/received", str(self.received)),

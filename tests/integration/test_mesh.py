@@ -117,6 +117,11 @@ def wait_journaled(edge: EdgeProcess, payloads: set[bytes]) -> list[dict[str, An
 def test_links_are_up_and_logged(edges: list[EdgeProcess]) -> None:
     a, b, c = edges
     assert set(wait_links_up(a)) == {f"127.0.0.1:{e.mqtt_port}" for e in (b, c)}
+    inbound = sys_values(a.mqtt_port, "$SYS/broker/mesh/inbound/#", lambda values: len(values) == 2)
+    assert inbound == {
+        "$SYS/broker/mesh/inbound/edge-b": "up",
+        "$SYS/broker/mesh/inbound/edge-c": "up",
+    }
     events = [
         json.loads(r["payload"])
         for r in journal_rows(a)
