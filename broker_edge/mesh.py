@@ -395,24 +395,34 @@ class PeerRoutes:
 
     def __init__(self) -> None:
         self.tenants: dict[str, TopicTrie[int, None]] = {}
+        self._filters: dict[str, set[str]] = {}  # the same, as filters (to read)
 
     def reset(self) -> None:
         self.tenants.clear()
+        self._filters.clear()
+
+    def filters(self) -> dict[str, list[str]]:
+        """The peer's filters per tenant, sorted."""
+        return {tenant: sorted(held) for tenant, held in self._filters.items()}
 
     def apply(self, tenant: str, add: Iterable[str], remove: Iterable[str]) -> None:
         """Raises MeshProtocolError for a filter that is not one."""
         trie = self.tenants.get(tenant)
         if trie is None:
             trie = self.tenants[tenant] = TopicTrie()
+        held = self._filters.setdefault(tenant, set())
         for topic_filter in remove:
             trie.remove(topic_filter, 0)
+            held.discard(topic_filter)
         for topic_filter in add:
             try:
                 trie.add(topic_filter, 0, None)
             except InvalidTopic as exc:
                 raise MeshProtocolError(f"INTEREST: bad filter {topic_filter!r}") from exc
+            held.add(topic_filter)
         if not len(trie):
             del self.tenants[tenant]
+            del self._filters[tenant]
 
     def wants(self, tenant: str, topic: str) -> bool:
         trie = self.tenants.get(tenant)

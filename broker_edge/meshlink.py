@@ -86,7 +86,9 @@ class Link(asyncio.Protocol):
         if now - self.heard > 3 * LINK_KEEPALIVE or (
             not self.up and now - self.opened > self.mesh.connect_timeout
         ):
-            log.warning("link %s (%s): silent or not admitted: closing", self.node, self.address)
+            log.warning(
+                "link %s (%s): silent or not admitted: closing", self.node or "?", self.address
+            )
             self.close()
             return
         if self.up:
@@ -115,6 +117,11 @@ class Link(asyncio.Protocol):
                     return
         except MeshProtocolError as exc:
             log.warning("link %s (%s): %s: closing", self.node or "?", self.address, exc)
+            self.close()
+            return
+        except Exception:
+            # Our bug, not the peer's: close this link (it comes back), keep the node serving.
+            log.exception("internal error on link %s (%s)", self.node or "?", self.address)
             self.close()
             return
         self.mesh.after_read(self)

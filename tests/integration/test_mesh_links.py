@@ -123,3 +123,32 @@ def test_an_impostor_at_a_peers_address_gets_no_proof_and_no_link(
     finally:
         edge.stop()
         server.close()
+
+
+def test_filters_are_told_once_per_node_and_a_publish_crosses_once(
+    pair: tuple[RunningEdge, RunningEdge], make_client: Any
+) -> None:
+    a, b = pair
+    subs = [make_client(f"sub-{i}", port=b.port) for i in range(3)]
+    for sub in subs:
+        sub.subscribe("agg/#", qos=1)
+    subs[0].subscribe("agg/+/x", qos=0)  # a second filter of one client matching the same
+    pub = make_client("pub", port=a.port)
+    settle(pub, subs, "agg/probe/x")
+
+    def wanted() -> dict[str, list[str]]:
+        return _mesh(a).routes["b"].filters()
+
+    assert a.call(wanted) == {"default": ["agg/#", "agg/+/x"]}
+    before = a.call(lambda: _mesh(a).forwarded)
+    pub.publish("agg/v/x", b"one", qos=1)
+    for sub in subs:
+        assert sub.get().payload == b"one"
+        sub.nothing_more()
+    assert a.call(lambda: _mesh(a).forwarded) == before + 1  # once to b, not once per sub
+    subs[0].paho.unsubscribe("agg/+/x")
+    subs[1].paho.unsubscribe("agg/#")
+    _until(a, lambda: wanted() == {"default": ["agg/#"]})  # two subscribers still hold it
+    for sub in (subs[0], subs[2]):
+        sub.paho.unsubscribe("agg/#")
+    _until(a, lambda: wanted() == {})

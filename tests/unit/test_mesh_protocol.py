@@ -176,8 +176,10 @@ def test_peer_routes_match_per_tenant() -> None:
     assert routes.wants("acme", "$log/mqtt/connect")
     assert not routes.wants("globex", "fleet/v1/telemetry")
     assert not routes.wants("acme", "fleet/v1/status")
+    assert routes.filters() == {"acme": ["$log/#", "fleet/+/telemetry"]}
     routes.apply("acme", [], ["fleet/+/telemetry", "$log/#"])
     assert routes.tenants == {}
+    assert routes.filters() == {}
     with pytest.raises(MeshProtocolError):
         routes.apply("acme", ["a/#/b"], [])
 
