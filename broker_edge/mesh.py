@@ -40,7 +40,10 @@ them, and are sent again, in order, when the peer dials in again, so a link brea
 the receiver drops what it has seen (:class:`Dedup`: the highest seq per origin and run, since
 an origin sends in seq order and a new run of it has nothing to send again). The peer's
 filters survive a break too: what matches them while the link is down waits for it in Unacked
-(QoS 0 does not).
+(QoS 0 does not). Not yet: the receiver acknowledges once a message is in its sessions (in
+memory), so if it crashes, what its offline sessions queued since its last snapshot is gone;
+and Unacked is the origin's memory, so a crashed origin sends nothing again (replaying its
+journal from each peer's acknowledged seq, forwarding QoS 1/2 once durable, is the next step).
 """
 
 from __future__ import annotations
