@@ -132,6 +132,18 @@ class Journal(Protocol):
     lake_committed_seq: int
 
 
+class MeshPort(Protocol):
+    """What the broker needs of the edge mesh (broker_edge.meshlink.Mesh)."""
+
+    def forward(self, message: Message) -> None:
+        """A publish accepted here: to the peers that want it."""
+        ...
+
+    def sys_values(self) -> tuple[tuple[str, str], ...]:
+        """``$SYS/broker/mesh/...`` values: (topic under mesh/, text)."""
+        ...
+
+
 class Broker:
     def __init__(
         self,
@@ -193,6 +205,12 @@ class Broker:
         self.journal_dropped = 0  # QoS 0 publishes dropped while the journal refused
         self.journal_refused = 0  # QoS 1/2 publishes refused (or their connection closed)
         self.on_journal_status: Callable[[JournalStatus], None] = _ignore_status
+        # Set by the node when the edge may have peers (broker_edge.meshlink): publishes
+        # accepted here are forwarded to it.
+        self.mesh: MeshPort | None = None
+        # Set by the node: the listener hands it a connection that opened with the link magic
+        # (transport, peer, the bytes read); unset, such a connection is closed.
+        self.link_acceptor: Callable[[Any, str, bytes], None] | None = None
 
     # -- what the router owns, for readers (sysstats, node, tests) ------------------------------
 
@@ -666,12 +684,23 @@ class Broker:
                 props.user_properties,
             )
         message = Message(tenant, topic, packet.payload, qos, retain, client_id, ts_us, props, seq)
+        if self.mesh is not None and seq:
+            # First: what this publish sets off (a log event of a queue overflowing, a quota
+            # decision's) is journaled after it, and peers must get it in seq order too.
+            self.mesh.forward(message)
         if tenant == OPERATOR_TENANT:
             self.control(self.tenancy.control_message(tenant, topic, packet.payload))
         deliveries = self.router.route(message, publisher)
         if deliveries is not None:
             self.outbox.deliver(deliveries)
         return seq
+
+    def deliver_remote(self, message: Message) -> None:
+        """A publish a peer accepted (broker_edge.mesh): to this node's sessions, counted in
+        their deliveries; not journaled (its origin did), never forwarded again."""
+        deliveries = self.router.route(message, None)
+        if deliveries is not None:
+            self.outbox.deliver(deliveries)
 
     def after_durable(self, seq: int, conn: Connection, packet_id: int, qos: int) -> None:
         def durable() -> None:

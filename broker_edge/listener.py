@@ -23,6 +23,7 @@ import typing
 from broker_edge.broker import Broker
 from broker_edge.connection import PAUSED_BY_ROUTING, Connection, ConnState
 from broker_edge.errors import ProtocolError
+from broker_edge.mesh import MAGIC
 from broker_edge.packets import ReasonCode
 from broker_edge.sysstats import PacketCounter
 
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 # closing at once, with the client's late writes unread, makes the kernel reset the connection,
 # and a reset can destroy the DISCONNECT before the client reads its reason code.
 CLOSE_DRAIN_SECONDS = 1.0
+# The first byte of a link from a peer edge: MQTT's reserved packet type 0, which no client sends.
+LINK_FIRST = MAGIC[:1]
 
 
 class MqttProtocol(asyncio.Protocol):
@@ -40,7 +43,8 @@ class MqttProtocol(asyncio.Protocol):
 
     # One per client: slots keep an idle connection small (issue 9: ≤ 3 KiB per connection).
     __slots__ = (
-        "_broker", "_conn", "_draining", "_ended", "_loop", "_lost", "_packets", "_transport",
+        "_broker", "_conn", "_draining", "_ended", "_first", "_loop", "_lost", "_packets",
+        "_transport",
     )  # fmt: skip
 
     def __init__(self, broker: Broker, loop: asyncio.AbstractEventLoop) -> None:
@@ -52,6 +56,7 @@ class MqttProtocol(asyncio.Protocol):
         self._draining = False  # half-closed by us: reads are discarded until the close
         self._lost = False  # the broker was told the connection is gone
         self._ended = False  # the transport is gone: nothing more can be written
+        self._first = True  # no byte read yet (a link to a peer edge opens with LINK_FIRST)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
@@ -112,7 +117,26 @@ class MqttProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._draining:
             return  # late writes of a client we closed: read only to avoid a reset
+        if self._first:
+            self._first = False
+            if data[:1] == LINK_FIRST:
+                self._become_link(data)
+                return
         self._handle(data, self._packets.feed(data))
+
+    def _become_link(self, data: bytes) -> None:
+        """A peer edge's link (broker_edge.mesh): no MQTT client at all; the mesh takes the
+        transport, or it is closed when this edge takes no links."""
+        conn = self._conn
+        transport = self._transport
+        assert conn is not None
+        assert transport is not None
+        self._gone()  # the broker forgets the MQTT machine it made for the socket
+        acceptor = self._broker.link_acceptor
+        if acceptor is None:
+            transport.close()
+        else:
+            acceptor(transport, conn.peer, data)
 
     def _handle(self, data: bytes, packets: int = 0) -> None:
         """Handle one turn of packets, write what it produced, and come back for the rest of

@@ -24,6 +24,7 @@ from broker_edge.durability import GroupCommitter, JournalStatus
 from broker_edge.errors import ConfigError
 from broker_edge.http_api import HttpApi, HttpServer, check_exposure
 from broker_edge.listener import MqttProtocol
+from broker_edge.meshlink import Mesh
 from broker_edge.message import Message
 from broker_edge.metrics import Snapshot, exposition
 from broker_edge.packets import QoS, ReasonCode
@@ -76,6 +77,7 @@ class EdgeNode:
         self.http: HttpServer | None = None
         self._local_token: str | None = None  # the edge's own operator token (none configured)
         self._sys_tree = SysTree(installed_version())
+        self.mesh: Mesh | None = None
 
     async def __aenter__(self) -> EdgeNode:
         await self.start()
@@ -109,6 +111,7 @@ class EdgeNode:
         self._local_token = local_token
         if settings.http_listen:
             check_exposure(settings.http_address[0], configured)  # before anything opens
+        linked = _linked(settings, configured)  # links have a token to show
         writer = await loop.run_in_executor(
             None,
             lambda: JournalWriter.open(
@@ -130,6 +133,7 @@ class EdgeNode:
         committer.on_state = broker.journal_status_changed
         broker.on_journal_status = self._journal_status_changed
         self.broker = broker
+        mesh = self._make_mesh(broker, linked)
         await self._restore(broker, writer.next_seq - 1)
         # Changes to persistent sessions from now on: durable before their CONNACK/SUBACK.
         session_log = sessionlog.SessionLog(self.state_dir, fsync=settings.journal_fsync)
@@ -162,6 +166,8 @@ class EdgeNode:
                 self.http.port,
             )
         self.started_at = loop.time()
+        mesh.on_state = self._show_state_now
+        mesh.start()
         self._wake_at(loop.time() + HOUSEKEEPING_INTERVAL)
         self._snapshots = loop.create_task(self._snapshot_loop(), name="snapshots")
         self._counters = loop.create_task(self._publish_counters(), name="counters")
@@ -226,6 +232,15 @@ class EdgeNode:
         details = {"listener": listener, "peer": peer, "reason": reason[:300]}
         broker.log(OPERATOR_TENANT, "tls_handshake_failed", "", details, origin="tls")
         broker.flush_dirty()
+
+    def _make_mesh(self, broker: Broker, linked: bool) -> Mesh:
+        """The edge's links (started once it serves): forwarding only when it has a token."""
+        mesh = self.mesh = Mesh(broker, self.settings, self._link_token)
+        broker.link_acceptor = mesh.accept  # refuses every link while there is no token
+        if linked:
+            broker.mesh = mesh
+            broker.router.interest = mesh.interest  # before the restored subscriptions
+        return mesh
 
     @property
     def state_dir(self) -> Path:
@@ -437,8 +452,20 @@ class EdgeNode:
 
     def _journal_status_changed(self, status: JournalStatus) -> None:
         """The journal became full, failing or fine again: ``$SYS`` says so at once."""
+        self._show_state_now()
+
+    def _show_state_now(self) -> None:
+        """Something ``$SYS`` shows changed (the journal's state, a peer's link): at once."""
         if self._sys is not None:
             self._update_sys()
+
+    def _link_token(self) -> str | None:
+        """What mesh links authenticate with now (None: no links): the tenants file's operator
+        token (as reloaded), else ``edge.mesh_token``."""
+        config = self.broker.tenancy.config if self.broker is not None else None
+        if config is not None and config.operator_token is not None:
+            return config.operator_token
+        return self.settings.mesh_token or None
 
     async def stop(self) -> None:
         """Stop accepting, close clients (MQTT 5: DISCONNECT 0x8B), flush the journal."""
@@ -453,6 +480,8 @@ class EdgeNode:
             self._tick_handle = None
         if self.http is not None:
             await self.http.close()
+        if self.mesh is not None:
+            await self.mesh.stop()
         for task in (self._sys, self._snapshots, self._counters):
             if task is not None:
                 task.cancel()
@@ -495,6 +524,17 @@ def _message_from_row(row: dict[str, Any]) -> Message:
         props,
         row["seq"],
     )
+
+
+def _linked(settings: EdgeSettings, operator_token: str | None) -> bool:
+    """Whether the edge has a token for mesh links; ConfigError if it has peers and none."""
+    linked = bool(operator_token or settings.mesh_token)
+    if settings.peers and not linked:
+        raise ConfigError(
+            "edge.peers: links authenticate with the tenants file's operator token, or "
+            "without one with edge.mesh_token: neither is set"
+        )
+    return linked
 
 
 def _no_wake(at: float) -> None:

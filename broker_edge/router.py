@@ -31,6 +31,7 @@ from broker_edge.trie import TopicTrie
 
 if TYPE_CHECKING:
     from broker_edge.connection import Connection
+    from broker_edge.mesh import Interest
 
 # One delivery: (session, message, qos, retain, subscription identifiers).
 Delivery = tuple[Session, Message, QoS, bool, tuple[int, ...]]
@@ -93,6 +94,9 @@ class Router:
         self.sessions: dict[tuple[str, str], Session] = {}
         # Sessions per tenant, persistent offline ones included (the tenant's sessions limit).
         self.session_counts: dict[str, int] = {}
+        # Told of every filter entering or leaving a trie when the edge is in a mesh (what
+        # the peers are told this node wants: see broker_edge.mesh).
+        self.interest: Interest | None = None
 
     def namespace(self, tenant: str) -> Namespace:
         ns = self.namespaces.get(tenant)
@@ -156,7 +160,7 @@ class Router:
         """Forget a session: its subscriptions, window and queue."""
         ns = self.namespace(session.tenant)
         for topic_filter in session.subscriptions:
-            self._remove_subscription(ns, session.client_id, topic_filter)
+            self._remove_subscription(session.tenant, ns, session.client_id, topic_filter)
         session.subscriptions.clear()
         session.clear_subscription_ids()
         session.inflight.clear()
@@ -195,9 +199,9 @@ class Router:
             session.subscriptions[full] = sub
             session.set_subscription_id(full, subscription_id)
             if group is not None:
-                self._join_group(ns, group, topic_filter, session.client_id, sub)
+                self._join_group(session.tenant, ns, group, topic_filter, session.client_id, sub)
                 continue  # no retained messages for a shared subscription [MQTT-4.8.2]
-            ns.subscriptions.add(topic_filter, session.client_id, sub)
+            self._add_entry(session.tenant, ns, topic_filter, session.client_id, sub)
             if sub.retain_handling == RetainHandling.DO_NOT_SEND or (
                 sub.retain_handling == RetainHandling.SEND_IF_NEW_SUBSCRIPTION and not is_new
             ):
@@ -218,18 +222,34 @@ class Router:
         ns = self.namespace(session.tenant)
         group, topic_filter = parse_subscription_filter(full)
         if group is None:
-            ns.subscriptions.add(topic_filter, session.client_id, sub)
+            self._add_entry(session.tenant, ns, topic_filter, session.client_id, sub)
         else:
-            self._join_group(ns, group, topic_filter, session.client_id, sub)
+            self._join_group(session.tenant, ns, group, topic_filter, session.client_id, sub)
 
     def _join_group(
-        self, ns: Namespace, group: str, topic_filter: str, client_id: str, sub: Subscription
+        self,
+        tenant: str,
+        ns: Namespace,
+        group: str,
+        topic_filter: str,
+        client_id: str,
+        sub: Subscription,
     ) -> None:
         shared = ns.shared.get((group, topic_filter))
         if shared is None:
             shared = ns.shared[(group, topic_filter)] = SharedGroup()
-            ns.subscriptions.add(topic_filter, ("$share", group), shared)
+            self._add_entry(tenant, ns, topic_filter, ("$share", group), shared)
         shared.members[client_id] = sub
+
+    def _add_entry(
+        self, tenant: str, ns: Namespace, topic_filter: str, key: TrieKey, value: TrieValue
+    ) -> None:
+        if ns.subscriptions.add(topic_filter, key, value) and self.interest is not None:
+            self.interest.add(tenant, topic_filter)
+
+    def _remove_entry(self, tenant: str, ns: Namespace, topic_filter: str, key: TrieKey) -> None:
+        if ns.subscriptions.remove(topic_filter, key) and self.interest is not None:
+            self.interest.remove(tenant, topic_filter)
 
     def unsubscribe(self, session: Session, topic_filters: Iterable[str]) -> list[bool]:
         """Remove subscriptions; for each filter, whether it existed."""
@@ -239,21 +259,23 @@ class Router:
             had = session.subscriptions.pop(topic_filter, None) is not None
             session.set_subscription_id(topic_filter, None)
             if had:
-                self._remove_subscription(ns, session.client_id, topic_filter)
+                self._remove_subscription(session.tenant, ns, session.client_id, topic_filter)
             found.append(had)
         return found
 
-    def _remove_subscription(self, ns: Namespace, client_id: str, full_filter: str) -> None:
+    def _remove_subscription(
+        self, tenant: str, ns: Namespace, client_id: str, full_filter: str
+    ) -> None:
         group, topic_filter = parse_subscription_filter(full_filter)
         if group is None:
-            ns.subscriptions.remove(topic_filter, client_id)
+            self._remove_entry(tenant, ns, topic_filter, client_id)
             return
         shared = ns.shared.get((group, topic_filter))
         if shared is not None:
             shared.members.pop(client_id, None)
             if not shared.members:
                 del ns.shared[(group, topic_filter)]
-                ns.subscriptions.remove(topic_filter, ("$share", group))
+                self._remove_entry(tenant, ns, topic_filter, ("$share", group))
 
     # -- messages ------------------------------------------------------------------------------
 

@@ -96,6 +96,12 @@ class EdgeSettings:
     tls_cert: str = ""
     tls_key: str = ""
     tls_cafile: str = ""
+    # The edge mesh (broker_edge.mesh): HOST:PORT (the MQTT port) of every other edge; each is
+    # dialed and redialed with backoff. Empty: a single edge.
+    peers: tuple[str, ...] = ()
+    # What links authenticate with when there is no tenants file (with one: its operator
+    # token). An edge with neither refuses links. At least 16 characters.
+    mesh_token: str = ""
 
     def __post_init__(self) -> None:
         _require(0 <= self.port <= 65_535, "edge.port", f"must be 0..65535, got {self.port}")
@@ -199,6 +205,19 @@ class EdgeSettings:
             f"must be >= 1, got {self.http_max_records}",
         )
 
+        for peer in self.peers:
+            host_port("edge.peers", peer, minimum=1)
+        _require(
+            len(set(self.peers)) == len(self.peers),
+            "edge.peers",
+            f"lists a peer twice: {list(self.peers)}",
+        )
+        _require(
+            not self.mesh_token or (len(self.mesh_token) >= 16 and self.mesh_token.isprintable()),
+            "edge.mesh_token",
+            "must be at least 16 printable characters (or empty: no links without a tenants file)",
+        )
+
     @property
     def journal_root(self) -> Path:
         return self.data_dir / "journal"
@@ -218,13 +237,18 @@ class EdgeSettings:
                 found[kind] = host_port(f"edge.listen_{kind}", value)
         return found
 
+    @property
+    def peer_addresses(self) -> tuple[tuple[str, int], ...]:
+        """``peers`` as (host, port) pairs."""
+        return tuple(host_port("edge.peers", peer, minimum=1) for peer in self.peers)
 
-def host_port(key: str, value: str) -> tuple[str, int]:
+
+def host_port(key: str, value: str, minimum: int = 0) -> tuple[str, int]:
     """``value`` (HOST:PORT, [V6]:PORT) as (host, port); ConfigError naming ``key`` if not."""
     host, sep, port = value.rpartition(":")
     host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or int(port) > 65_535:
-        raise ConfigError(f"{key}: expected HOST:PORT (port 0..65535), got {value!r}")
+    if not sep or not host or not port.isdigit() or not minimum <= int(port) <= 65_535:
+        raise ConfigError(f"{key}: expected HOST:PORT (port {minimum}..65535), got {value!r}")
     return host, int(port)
 
 

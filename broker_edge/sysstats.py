@@ -159,6 +159,9 @@ class Sample:
     journal_segments_removed: int = 0  # by retention since start
     journal_refused: int = 0  # QoS 1/2 publishes refused because of the journal
     journal_dropped: int = 0  # QoS 0 publishes dropped because of the journal
+    # The edge mesh, when the edge may have peers: (topic under mesh/, value) pairs, e.g.
+    # ("peers/10.0.0.2:1883", "up") (see broker_edge.meshlink.Mesh.sys_values).
+    mesh: tuple[tuple[str, str], ...] = ()
 
     @property
     def clients_disconnected(self) -> int:
@@ -208,6 +211,7 @@ def sample(broker: Broker, uptime: int, journal: GroupCommitter | None = None) -
         journal_segments_removed=journal.segments_removed if journal is not None else 0,
         journal_refused=broker.journal_refused,
         journal_dropped=broker.journal_dropped,
+        mesh=broker.mesh.sys_values() if broker.mesh is not None else (),
     )
 
 
@@ -246,6 +250,7 @@ class SysTree:
         values += [(PREFIX + topic, str(getattr(now, name))) for topic, name in GAUGES]
         values.append((PREFIX + "clients/maximum", str(self.maximum_clients)))
         values += [(topic, f"{load:.2f}") for topic, load in self.loads.items()]
+        values += [(PREFIX + "mesh/" + topic, text) for topic, text in now.mesh]
         out = [(UPTIME, f"{now.uptime} seconds".encode())]
         published = self._published
         for topic, text in values:

@@ -71,6 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     edge.add_argument(
         "--loop", choices=("auto", "uvloop", "asyncio"), default="auto", help="event loop"
     )
+    _peer_arg(edge)
 
     pipe = sub.add_parser("pipeline", help="run the Spark pipeline over every node's journal")
     _pipeline_args(pipe)
@@ -104,6 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     run = sub.add_parser("run", help="the embedded default: one edge plus the pipeline")
+    _peer_arg(run)
     run.add_argument("--listen", type=_host_port, default=("127.0.0.1", 1883))
     run.add_argument("--node-id", default=None)
     run.add_argument("--tenants", type=Path, help="tenants file for the edge and the quota step")
@@ -141,6 +143,16 @@ def _parser() -> argparse.ArgumentParser:
     sql_cli.add_parser(sub)
     usage_cli.add_parser(sub)
     return parser
+
+
+def _peer_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--peer",
+        type=_host_port,
+        action="append",
+        default=[],
+        help="HOST:PORT (MQTT) of another edge of the mesh (repeatable; added to [edge] peers)",
+    )
 
 
 def _pipeline_args(parser: argparse.ArgumentParser) -> None:
@@ -197,6 +209,14 @@ def _edge(args: argparse.Namespace) -> int:
         address = getattr(args, f"listen_{kind}")
         overrides[f"listen_{kind}"] = _join_host_port(address) if address else None
     settings = load_edge(args.config, overrides, defaults={"node_id": socket.gethostname()})
+    if args.peer:
+        added = [_join_host_port(peer) for peer in args.peer]
+        try:
+            settings = dataclasses.replace(
+                settings, peers=tuple(dict.fromkeys([*settings.peers, *added]))
+            )
+        except ConfigError as exc:
+            raise SettingsError(f"--peer: {exc}") from exc
     runner = _event_loop_runner(args.loop)
     if args.tenants is not None:
         from broker_edge.tenants import load as load_tenants
@@ -510,6 +530,8 @@ def _run(args: argparse.Namespace) -> int:
     ]
     if args.node_id:
         edge_cmd += ["--node-id", args.node_id]
+    for peer in args.peer:  # a single edge unless peers are given
+        edge_cmd += ["--peer", _join_host_port(peer)]
     pipe_cmd = [*exe, "pipeline", "--data-dir", str(pipeline_settings.data_dir)]
     if args.tenants:
         edge_cmd += ["--tenants", str(args.tenants)]

@@ -31,6 +31,10 @@ LOG_EVENTS = frozenset(
         "journal_resumed",
         # A socket on a TLS listener that did not complete its handshake (broker_edge.tls).
         "tls_handshake_failed",
+        # The edge mesh (broker_edge.mesh), in the operator's namespace.
+        "link_up",
+        "link_down",
+        "link_refused",
     }
 )
 

@@ -40,6 +40,27 @@ def test_bad_settings_name_the_key(tmp_path: Path) -> None:
     assert "edge.port: must be an integer" in result.stderr
 
 
+def test_peers_are_named_and_need_a_token(tmp_path: Path) -> None:
+    result = edgebus("edge", "--listen", "127.0.0.1:0", "--peer", "10.0.0.7:0")
+    assert result.returncode == 2
+    assert "expected HOST:PORT" in result.stderr
+    result = edgebus(
+        *("edge", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path)),
+        *("--peer", "127.0.0.1:1"),
+    )
+    assert result.returncode == 2
+    assert "edge.peers: links authenticate with the tenants file's operator token" in (
+        result.stderr
+    )
+    assert not (tmp_path / "journal").exists()  # refused before the journal was opened
+    result = edgebus(  # `edgebus run` gives its edge the peers
+        *("run", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path)),
+        *("--lake", str(tmp_path / "lake"), "--peer", "127.0.0.1:1"),
+    )
+    assert result.returncode != 0
+    assert "edge.peers: links authenticate" in result.stderr
+
+
 def test_the_journal_over_http_without_a_token_is_refused_off_loopback(tmp_path: Path) -> None:
     result = edgebus(
         *("edge", "--listen", "127.0.0.1:0", "--http", "0.0.0.0:0", "--data-dir", str(tmp_path))

@@ -1,0 +1,514 @@
+"""The edge mesh, sans-IO: link frames, who wants what, what is unacknowledged, what was seen.
+
+Theory of operation
+-------------------
+Every edge lists the others (``edge.peers``: full mesh, one hop) and *dials* each of them. A link
+is a TCP connection to the peer's MQTT port that opens with :data:`MAGIC`, whose first byte
+(0x00, MQTT's reserved packet type) no MQTT client can send, so the listener hands it over
+before the MQTT machine sees it. Each dialed link carries data one way: the dialer tells the
+peer what its sessions subscribe to (:data:`INTEREST` frames) and acknowledges (:data:`ACK`);
+the peer sends the dialer the publishes that match (:data:`PUBLISH`). So A→B traffic flows on
+the link B dialed, and a link's owner (the dialer) is the one that reconnects it. Why not an
+MQTT 5 connection per link: every delivery over it would go through a client session (its
+queue bounds drop, its expiry ends it) and the dialer would need an MQTT client; a frame of
+our own carries the origin, the tenant and the journal seq without properties to parse.
+
+Frames: ``u32 length | u8 kind | body``. Both ends prove they hold the link token, which never
+crosses the wire: the dialer's :data:`HELLO` (version, node, a random challenge) is answered by
+:data:`CHALLENGE` (the acceptor's node, its own challenge, and an HMAC of both challenges under
+the token), which the dialer checks before it sends :data:`AUTH` (its HMAC); the acceptor
+answers :data:`WELCOME` (its run) or :data:`REFUSE` (a reason, then close). So an impostor
+at a peer's address learns nothing and can inject nothing, and a recorded handshake cannot be
+replayed. A link not admitted within the CONNECT timeout is closed; an admitted one is kept
+alive by :data:`PING` frames both ways (closed when silent for three intervals). The link token
+is the operator token when the edge has a tenants file with one, else ``edge.mesh_token``; an
+edge with neither refuses every link. A tenant's token never opens a link, and a link is never
+an MQTT client: it cannot subscribe or publish anywhere itself.
+
+Routing state: each edge counts, per tenant namespace, the filters its sessions hold
+(:class:`Interest`: a filter once per node however many subscribers). A new link gets the whole
+set, then changes as they happen (a filter's first subscriber adds it, its last removes it).
+The origin keeps each peer's filters in a trie per tenant (:class:`PeerRoutes`) and sends a
+publish once to each peer with a matching filter. Only the origin journals a publish: the
+receiver routes it to its own sessions and never forwards it again (one hop, no loops).
+What crosses (:func:`crosses`): the tenants' own topics and the edge-made ``$log/`` and
+``$counters/`` (they name their node); ``$SYS``, ``$control`` and ``$quota`` are each node's own.
+
+QoS: the seq of a crossing message is its journal seq at the origin (unique and increasing per
+node). QoS 1/2 messages stay in the peer's :class:`Unacked` (bounded) until the receiver acks
+them, and are sent again, in order, when the peer dials in again, so a link break loses none;
+the receiver drops what it has seen (:class:`Dedup`: the highest seq per origin and run, since
+an origin sends in seq order and a new run of it has nothing to send again). The peer's
+filters survive a break too: what matches them while the link is down waits for it in Unacked
+(QoS 0 does not). Not yet: the receiver acknowledges once a message is in its sessions (in
+memory), so if it crashes, what its offline sessions queued since its last snapshot is gone;
+and Unacked is the origin's memory, so a crashed origin sends nothing again (replaying its
+journal from each peer's acknowledged seq, forwarding QoS 1/2 once durable, is the next step).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+import struct
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from broker_edge.errors import EdgeError
+from broker_edge.message import Message
+from broker_edge.packets import NO_PROPERTIES, Properties, QoS
+from broker_edge.topics import InvalidTopic
+from broker_edge.trie import TopicTrie
+
+MAGIC = b"\x00EBMESH1"
+VERSION = 1
+
+HELLO = 1
+WELCOME = 2
+REFUSE = 3
+INTEREST = 4
+PUBLISH = 5
+ACK = 6
+PING = 7
+CHALLENGE = 8
+AUTH = 9
+KINDS = frozenset({HELLO, WELCOME, REFUSE, INTEREST, PUBLISH, ACK, PING, CHALLENGE, AUTH})
+
+_HEADER = struct.Struct(">IB")  # length of what follows the length, kind
+_PUBLISH = struct.Struct(">QQBB")  # seq, ts_us, qos, retain
+_U16 = struct.Struct(">H")
+_U64 = struct.Struct(">Q")
+
+# Edge-made "$" topics that cross links (each names its node); every other "$" topic is local.
+CROSSING_PREFIXES = ("$log/", "$counters/")
+# Messages waiting for one peer's acknowledgement at most (the oldest go first beyond).
+MAX_UNACKED = 100_000
+MAX_UNACKED_BYTES = 64 * 2**20
+# Frames before a link is admitted are small (a HELLO): an unknown peer cannot make us buffer.
+MAX_HELLO_FRAME = 4096
+
+
+class MeshProtocolError(EdgeError):
+    """The other end of a link broke the link protocol (the link is closed)."""
+
+
+def crosses(topic: str) -> bool:
+    """Whether a message on ``topic`` may go to peers (see the theory of operation)."""
+    return topic[0] != "$" or topic.startswith(CROSSING_PREFIXES)
+
+
+# -- frames ------------------------------------------------------------------------------------
+
+
+def frame(kind: int, body: bytes) -> bytes:
+    return _HEADER.pack(len(body) + 1, kind) + body
+
+
+class FrameBuffer:
+    """Bytes in, ``(kind, body)`` frames out; a frame longer than ``max_frame`` is an error."""
+
+    def __init__(self, max_frame: int) -> None:
+        self.max_frame = max_frame
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+        buf = self._buf
+        buf += data
+        frames: list[tuple[int, bytes]] = []
+        start = 0
+        while len(buf) - start >= _HEADER.size:
+            length, kind = _HEADER.unpack_from(buf, start)
+            if length < 1 or length > self.max_frame:
+                raise MeshProtocolError(f"frame of {length} bytes (at most {self.max_frame})")
+            if kind not in KINDS:
+                raise MeshProtocolError(f"unknown frame kind {kind}")
+            end = start + 4 + length
+            if len(buf) < end:
+                break
+            frames.append((kind, bytes(buf[start + _HEADER.size : end])))
+            start = end
+        del buf[:start]
+        return frames
+
+
+def _json(doc: dict[str, object]) -> bytes:
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def _doc(body: bytes, what: str) -> dict[str, object]:
+    try:
+        doc = json.loads(body)
+    except ValueError as exc:
+        raise MeshProtocolError(f"{what}: not JSON") from exc
+    if not isinstance(doc, dict):
+        raise MeshProtocolError(f"{what}: not an object")
+    return doc
+
+
+def nonce() -> str:
+    """A fresh challenge for one handshake."""
+    return secrets.token_hex(16)
+
+
+def hello(node: str, dialer_nonce: str) -> bytes:
+    """What a dialer sends first: the magic, then its HELLO (its node and a challenge)."""
+    return MAGIC + frame(HELLO, _json({"v": VERSION, "node": node, "nonce": dialer_nonce}))
+
+
+def proof(token: str, role: str, first: str, second: str, node: str) -> str:
+    """What shows ``node`` holds the link token in this handshake: an HMAC of both challenges
+    (``role``: "accept" or "dial", so one side's proof is never the other's)."""
+    text = f"{role}|{first}|{second}|{node}".encode()
+    return hmac.new(token.encode(), text, hashlib.sha256).hexdigest()
+
+
+def proven(given: str, token: str, role: str, first: str, second: str, node: str) -> bool:
+    return hmac.compare_digest(given.encode(), proof(token, role, first, second, node).encode())
+
+
+def challenge(node: str, acceptor_nonce: str, acceptor_proof: str) -> bytes:
+    """The acceptor's answer to a HELLO: its node, its challenge and its proof."""
+    body: dict[str, object] = {"node": node, "nonce": acceptor_nonce, "proof": acceptor_proof}
+    return frame(CHALLENGE, _json(body))
+
+
+def auth(dialer_proof: str) -> bytes:
+    return frame(AUTH, _json({"proof": dialer_proof}))
+
+
+def welcome(node: str, run: str) -> bytes:
+    """The answer to an admitted AUTH: this node, and this run of it (a random id per start:
+    a new run sends nothing an older one sent again, see :class:`Dedup`)."""
+    return frame(WELCOME, _json({"node": node, "run": run}))
+
+
+def parse_welcome(body: bytes) -> tuple[str, str]:
+    """(node, run) of a WELCOME."""
+    return node_of(body, "WELCOME"), _text(body, "WELCOME", "run")
+
+
+PING_FRAME = frame(PING, b"")
+
+
+def refuse(reason: str) -> bytes:
+    return frame(REFUSE, _json({"reason": reason}))
+
+
+def node_of(body: bytes, what: str) -> str:
+    """The ``node`` of a HELLO, CHALLENGE or WELCOME."""
+    node = _doc(body, what).get("node")
+    if not isinstance(node, str) or not node or "/" in node:
+        raise MeshProtocolError(f"{what}: bad node {node!r}")
+    return node
+
+
+def _text(body: bytes, what: str, key: str) -> str:
+    value = _doc(body, what).get(key)
+    if not isinstance(value, str) or not 0 < len(value) <= 200:
+        raise MeshProtocolError(f"{what}: bad {key}")
+    return value
+
+
+def reason_of(body: bytes) -> str:
+    return str(_doc(body, "REFUSE").get("reason", ""))[:200]
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    node: str
+    nonce: str
+
+
+def parse_hello(body: bytes) -> Hello:
+    doc = _doc(body, "HELLO")
+    if doc.get("v") != VERSION:
+        raise MeshProtocolError(f"HELLO: link protocol version {doc.get('v')!r}, not {VERSION}")
+    return Hello(node_of(body, "HELLO"), _text(body, "HELLO", "nonce"))
+
+
+def parse_challenge(body: bytes) -> tuple[str, str, str]:
+    """(node, nonce, proof) of a CHALLENGE."""
+    return (
+        node_of(body, "CHALLENGE"),
+        _text(body, "CHALLENGE", "nonce"),
+        _text(body, "CHALLENGE", "proof"),
+    )
+
+
+def parse_auth(body: bytes) -> str:
+    return _text(body, "AUTH", "proof")
+
+
+def refusal(hello: Hello, expected: str | None, own_node: str) -> str | None:
+    """Why a HELLO is refused at once (None: challenge it). ``expected``: the link token
+    (None: this edge takes no links)."""
+    if expected is None:
+        return "this edge takes no links (no operator token, no edge.mesh_token)"
+    if hello.node == own_node:
+        return f"node id {own_node!r} is this edge's own"
+    return None
+
+
+def interest_frame(tenant: str, add: Iterable[str], remove: Iterable[str]) -> bytes:
+    return frame(INTEREST, _json({"t": tenant, "add": list(add), "del": list(remove)}))
+
+
+def parse_interest(body: bytes) -> tuple[str, list[str], list[str]]:
+    doc = _doc(body, "INTEREST")
+    tenant, add, remove = doc.get("t"), doc.get("add"), doc.get("del")
+    if (
+        not isinstance(tenant, str)
+        or not isinstance(add, list)
+        or not isinstance(remove, list)
+        or not all(isinstance(f, str) for f in (*add, *remove))
+    ):
+        raise MeshProtocolError("INTEREST: expected t, add, del")
+    return tenant, add, remove
+
+
+def ack_frame(seqs: list[int]) -> bytes:
+    return frame(ACK, struct.pack(f">{len(seqs)}Q", *seqs))
+
+
+def parse_ack(body: bytes) -> tuple[int, ...]:
+    if len(body) % 8:
+        raise MeshProtocolError("ACK: not a list of u64")
+    return struct.unpack(f">{len(body) // 8}Q", body)
+
+
+def _put_str(parts: list[bytes], text: str) -> None:
+    data = text.encode()
+    parts.append(_U16.pack(len(data)))
+    parts.append(data)
+
+
+def publish_frame(message: Message) -> bytes:
+    """One crossing message (its origin is the link's other end)."""
+    props = message.properties
+    parts = [_PUBLISH.pack(message.seq, message.ts_us, int(message.qos), message.retain)]
+    _put_str(parts, message.tenant)
+    _put_str(parts, message.client_id)
+    _put_str(parts, message.topic)
+    _put_str(parts, props.content_type if props.content_type is not None else "")
+    parts.append(bytes((props.content_type is not None,)))
+    parts.append(_U16.pack(len(props.user_properties)))
+    for key, value in props.user_properties:
+        _put_str(parts, key)
+        _put_str(parts, value)
+    parts.append(message.payload)
+    return frame(PUBLISH, b"".join(parts))
+
+
+def parse_publish(body: bytes) -> Message:
+    """A PUBLISH frame back into a message, not retained here (retained messages are each
+    edge's own in this increment) and not journaled (seq: the origin's)."""
+    try:
+        seq, ts_us, qos, retain = _PUBLISH.unpack_from(body, 0)
+        pos = _PUBLISH.size
+        strings: list[str] = []
+        for _ in range(4):
+            (n,) = _U16.unpack_from(body, pos)
+            strings.append(body[pos + 2 : pos + 2 + n].decode())
+            pos += 2 + n
+        has_type = body[pos]
+        (count,) = _U16.unpack_from(body, pos + 1)
+        pos += 3
+        pairs: list[str] = []
+        for _ in range(count * 2):
+            (n,) = _U16.unpack_from(body, pos)
+            pairs.append(body[pos + 2 : pos + 2 + n].decode())
+            pos += 2 + n
+        payload = body[pos:]
+        tenant, client_id, topic, content_type = strings
+        qos_value = QoS(qos)
+    except (struct.error, IndexError, UnicodeDecodeError, ValueError) as exc:
+        raise MeshProtocolError(f"PUBLISH: malformed ({exc})") from exc
+    if not topic or not tenant:
+        raise MeshProtocolError("PUBLISH: empty topic or tenant")
+    props = NO_PROPERTIES
+    user = tuple(zip(pairs[::2], pairs[1::2], strict=True))
+    if has_type or user:
+        props = Properties(content_type=content_type if has_type else None, user_properties=user)
+    del retain  # a crossing copy is never stored as retained (see the theory of operation)
+    return Message(tenant, topic, payload, qos_value, False, client_id, ts_us, props, seq)
+
+
+# -- routing state -----------------------------------------------------------------------------
+
+
+class Interest:
+    """The filters this node's sessions hold, per tenant, counted (a filter once per node):
+    the router reports every trie entry added or removed; changes wait in ``changes`` until the
+    mesh sends them, and ``on_change`` is told there are some."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, str], int] = {}
+        self.changes: dict[tuple[str, str], bool] = {}  # (tenant, filter) -> wanted now
+        self.on_change: Callable[[], None] = _nothing
+
+    def add(self, tenant: str, topic_filter: str) -> None:
+        key = (tenant, topic_filter)
+        count = self.counts.get(key, 0)
+        self.counts[key] = count + 1
+        if not count:
+            self._changed(key, True)
+
+    def remove(self, tenant: str, topic_filter: str) -> None:
+        key = (tenant, topic_filter)
+        count = self.counts.get(key, 0)
+        if count <= 1:
+            self.counts.pop(key, None)
+            if count:
+                self._changed(key, False)
+        else:
+            self.counts[key] = count - 1
+
+    def _changed(self, key: tuple[str, str], wanted: bool) -> None:
+        if self.changes.get(key, not wanted) is wanted:
+            return
+        if key in self.changes:
+            del self.changes[key]  # added and removed again before it was sent: no change
+        else:
+            self.changes[key] = wanted
+        self.on_change()
+
+    def snapshot(self) -> list[bytes]:
+        """INTEREST frames of every filter held now (for a new link)."""
+        return _frames(dict.fromkeys(self.counts, True))
+
+    def take_changes(self) -> list[bytes]:
+        """INTEREST frames of the changes since the last call."""
+        changes, self.changes = self.changes, {}
+        return _frames(changes)
+
+
+def _frames(changes: dict[tuple[str, str], bool]) -> list[bytes]:
+    by_tenant: dict[str, tuple[list[str], list[str]]] = {}
+    for (tenant, topic_filter), wanted in changes.items():
+        add, remove = by_tenant.setdefault(tenant, ([], []))
+        (add if wanted else remove).append(topic_filter)
+    return [interest_frame(tenant, add, remove) for tenant, (add, remove) in by_tenant.items()]
+
+
+class PeerRoutes:
+    """What one peer's sessions subscribe to, per tenant (told by the peer)."""
+
+    def __init__(self) -> None:
+        self.tenants: dict[str, TopicTrie[int, None]] = {}
+        self._filters: dict[str, set[str]] = {}  # the same, as filters (to read)
+
+    def reset(self) -> None:
+        self.tenants.clear()
+        self._filters.clear()
+
+    def filters(self) -> dict[str, list[str]]:
+        """The peer's filters per tenant, sorted."""
+        return {tenant: sorted(held) for tenant, held in self._filters.items()}
+
+    def apply(self, tenant: str, add: Iterable[str], remove: Iterable[str]) -> None:
+        """Raises MeshProtocolError for a filter that is not one."""
+        trie = self.tenants.get(tenant)
+        if trie is None:
+            trie = self.tenants[tenant] = TopicTrie()
+        held = self._filters.setdefault(tenant, set())
+        for topic_filter in remove:
+            trie.remove(topic_filter, 0)
+            held.discard(topic_filter)
+        for topic_filter in add:
+            try:
+                trie.add(topic_filter, 0, None)
+            except InvalidTopic as exc:
+                raise MeshProtocolError(f"INTEREST: bad filter {topic_filter!r}") from exc
+            held.add(topic_filter)
+        if not len(trie):
+            del self.tenants[tenant]
+            del self._filters[tenant]
+
+    def wants(self, tenant: str, topic: str) -> bool:
+        trie = self.tenants.get(tenant)
+        return trie is not None and bool(trie.match(topic))
+
+
+class Unacked:
+    """QoS 1/2 frames sent (or waiting) to one peer until it acknowledges them, by seq; at
+    most ``limit`` frames and ``limit_bytes`` bytes (beyond, the oldest are given up)."""
+
+    def __init__(self, limit: int = MAX_UNACKED, limit_bytes: int = MAX_UNACKED_BYTES) -> None:
+        self.limit = limit
+        self.limit_bytes = limit_bytes
+        self.frames: OrderedDict[int, bytes] = OrderedDict()
+        self.bytes = 0
+        self.dropped = 0  # the oldest given up because the peer was away too long
+
+    def add(self, seq: int, data: bytes) -> None:
+        frames = self.frames
+        frames[seq] = data
+        self.bytes += len(data)
+        while frames and (len(frames) > self.limit or self.bytes > self.limit_bytes):
+            _, oldest = frames.popitem(last=False)
+            self.bytes -= len(oldest)
+            self.dropped += 1
+
+    def ack(self, seqs: Iterable[int]) -> None:
+        for seq in seqs:
+            data = self.frames.pop(seq, None)
+            if data is not None:
+                self.bytes -= len(data)
+
+    def __len__(self) -> int:
+        return len(self.frames)
+
+
+class Dedup:
+    """The highest seq delivered per origin: an origin sends in seq order, and sends again only
+    what was not acknowledged, so anything at or below it was delivered already. What is not
+    acknowledged is kept in memory, so a new run of the origin sends nothing again: its seqs
+    start over as far as this is concerned (:meth:`run`), whatever its journal did."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, int] = {}
+        self.runs: dict[str, str] = {}
+        self.dropped = 0
+
+    def run(self, origin: str, run: str) -> None:
+        """``origin`` said which run of it is at the other end of a link (WELCOME)."""
+        if self.runs.get(origin) != run:
+            self.runs[origin] = run
+            self.last.pop(origin, None)
+
+    def fresh(self, origin: str, seq: int) -> bool:
+        if seq <= self.last.get(origin, 0):
+            self.dropped += 1
+            return False
+        self.last[origin] = seq
+        return True
+
+
+def _nothing() -> None:
+    pass
+
+
+__all__ = [
+    "ACK",
+    "AUTH",
+    "CHALLENGE",
+    "HELLO",
+    "INTEREST",
+    "MAGIC",
+    "PING",
+    "PUBLISH",
+    "REFUSE",
+    "WELCOME",
+    "Dedup",
+    "FrameBuffer",
+    "Interest",
+    "MeshProtocolError",
+    "PeerRoutes",
+    "Unacked",
+    "crosses",
+    "frame",
+    "publish_frame",
+]

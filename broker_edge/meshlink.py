@@ -1,0 +1,454 @@
+"""The edge mesh's wiring (asyncio): links dialed with backoff, links accepted, frames handled.
+
+The protocol, the routing state and why it is shaped so are in :mod:`broker_edge.mesh` (pure).
+Here: one :class:`Link` per TCP connection (dialed by this edge, or handed over by the listener
+when a connection opens with the link magic), and :class:`Mesh`, which owns them and talks to
+the broker: it forwards the node's publishes (``Broker.mesh.forward``), delivers the peers'
+(``Broker.deliver_remote``), tells the peers what this node's sessions want, publishes
+``link_up`` / ``link_down`` / ``link_refused`` in the operator's ``$log`` and keeps each peer's
+state for ``$SYS/broker/mesh/peers/{HOST:PORT}``.
+
+Writes are batched: a link's frames wait in its ``out`` until the end of the loop iteration,
+then go in one ``transport.write``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import secrets
+import typing
+from collections.abc import Callable
+from typing import Any
+
+from broker_edge import mesh
+from broker_edge.logtext import printable, truncated
+from broker_edge.mesh import Dedup, FrameBuffer, Interest, MeshProtocolError, PeerRoutes, Unacked
+from broker_edge.message import Message
+from broker_edge.settings import EdgeSettings
+from broker_edge.tenants import OPERATOR_TENANT
+
+if typing.TYPE_CHECKING:
+    from broker_edge.broker import Broker
+
+log = logging.getLogger(__name__)
+
+# Redial delays: doubled after each failed attempt up to the maximum, +-20 % jitter.
+BACKOFF_MIN = 0.2
+BACKOFF_MAX = 10.0
+
+# Each end of an admitted link sends a PING this often (seconds) and closes a link it heard
+# nothing on for three times as long (a peer gone without a FIN: its host died, a cable).
+LINK_KEEPALIVE = 5.0
+
+# A link's states as $SYS shows them.
+CONNECTING, UP, DOWN, REFUSED = "connecting", "up", "down", "refused"
+
+
+class Link(asyncio.Protocol):
+    """One link: ``outbound`` when this edge dialed it (it receives publishes and sends its
+    interest and acks), else accepted (it sends publishes, receives interest and acks)."""
+
+    def __init__(self, owner: Mesh, outbound: bool, address: str) -> None:
+        self.mesh = owner
+        self.outbound = outbound
+        self.address = address  # the peer's HOST:PORT (dialed) or its socket's (accepted)
+        self.transport: asyncio.Transport | None = None
+        self.frames = FrameBuffer(mesh.MAX_HELLO_FRAME)
+        self.node: str | None = None  # the other end's node id, once admitted
+        # The handshake (broker_edge.mesh): our challenge; accepted: the HELLO; dialed: the
+        # acceptor's node once it proved the token.
+        self.nonce = mesh.nonce()
+        self.hello: mesh.Hello | None = None
+        self.proven: str | None = None
+        self.up = False
+        self.out: list[bytes] = []
+        self.acks: list[int] = []
+        self._loop = asyncio.get_running_loop()
+        self.closed: asyncio.Future[None] = self._loop.create_future()
+        self._magic = b"" if outbound else mesh.MAGIC  # what is still to be read of it
+        self.opened = self.heard = self._loop.time()  # connected; last read
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = typing.cast(asyncio.Transport, transport)
+        first = min(LINK_KEEPALIVE, self.mesh.connect_timeout)  # the admission deadline
+        self._timer = self._loop.call_later(first, self._tick)
+        if self.outbound:
+            self.mesh.dialed(self)
+
+    def _tick(self) -> None:
+        """Keepalive: PING the other end; close a link that went silent, or that was not
+        admitted within the CONNECT timeout (an unknown peer holds nothing for long)."""
+        now = self._loop.time()
+        if now - self.heard > 3 * LINK_KEEPALIVE or (
+            not self.up and now - self.opened > self.mesh.connect_timeout
+        ):
+            log.warning(
+                "link %s (%s): silent or not admitted: closing", self.node or "?", self.address
+            )
+            self.close()
+            return
+        if self.up:
+            self.send(mesh.PING_FRAME)
+        delay = LINK_KEEPALIVE if self.up else self.opened + self.mesh.connect_timeout - now
+        self._timer = self._loop.call_later(max(delay, 0.01), self._tick)
+
+    def congested(self) -> bool:
+        """Its socket buffer is over the mesh's high-water mark (QoS 0 is dropped then)."""
+        transport = self.transport
+        return transport is not None and transport.get_write_buffer_size() > self.mesh.high_water
+
+    def data_received(self, data: bytes) -> None:
+        self.heard = self._loop.time()
+        if self._magic:
+            n = min(len(data), len(self._magic))
+            if data[:n] != self._magic[:n]:
+                self.close()
+                return
+            self._magic = self._magic[n:]
+            data = data[n:]
+        try:
+            for kind, body in self.frames.feed(data):
+                self.mesh.handle(self, kind, body)
+                if self.transport is None or self.transport.is_closing():
+                    return
+        except MeshProtocolError as exc:
+            log.warning("link %s (%s): %s: closing", self.node or "?", self.address, exc)
+            self.close()
+            return
+        except Exception:
+            # Our bug, not the peer's: close this link (it comes back), keep the node serving.
+            log.exception("internal error on link %s (%s)", self.node or "?", self.address)
+            self.close()
+            return
+        self.mesh.after_read(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self.mesh.lost(self)
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def send(self, data: bytes) -> None:
+        if not self.out:
+            self.mesh.dirty.add(self)
+            self.mesh.want_flush()
+        self.out.append(data)
+
+    def write_out(self) -> None:
+        if self.out and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(b"".join(self.out))
+        self.out.clear()
+
+    def close(self) -> None:
+        self.write_out()
+        if self.transport is not None:
+            self.transport.close()
+
+
+class Mesh:
+    """This edge's links to its peers. ``token()``: what links authenticate with now (None:
+    none are taken, none dialed)."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        settings: EdgeSettings,
+        token: Callable[[], str | None],
+    ) -> None:
+        self.broker = broker
+        self.node_id = settings.node_id
+        self.addresses = settings.peer_addresses
+        self.token = token
+        # Peers' frames may carry a whole publish: as big as a packet, plus topic and names.
+        self.max_frame = settings.max_packet_size + 2**18
+        self.connect_timeout = settings.connect_timeout
+        self.high_water = settings.write_buffer_high_water * 4
+        self.run = secrets.token_hex(8)  # this run of the node (see mesh.Dedup)
+        self.interest = Interest()
+        self.interest.on_change = self.want_flush
+        # By peer node, on the origin's side: what it wants, what it has not acknowledged.
+        self.routes: dict[str, PeerRoutes] = {}
+        self.unacked: dict[str, Unacked] = {}
+        self.inbound: dict[str, Link] = {}  # the link each peer dialed (its publishes go there)
+        self.outbound: dict[str, Link] = {}  # the links this edge dialed, by address
+        self.states: dict[str, str] = {f"{h}:{p}": CONNECTING for h, p in self.addresses}
+        self.inbound_states: dict[str, str] = {}  # the links peers dialed, by their node
+        self.dedup = Dedup()
+        self.forwarded = 0  # frames of publishes sent to peers
+        self.received = 0  # publishes from peers delivered here
+        self.congested = 0  # QoS 0 publishes not sent to a peer whose link was backed up
+        self.on_state: Callable[[], None] = _nothing  # a peer's state changed ($SYS now)
+        self.dirty: set[Link] = set()
+        self._flush_soon = False
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        for host, port in self.addresses:
+            self._tasks.append(loop.create_task(self._dial(host, port), name=f"link {host}"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        for link in [*self.inbound.values(), *self.outbound.values()]:
+            link.close()
+        await asyncio.sleep(0)  # their connection_lost (link_down) while the journal is open
+
+    async def _dial(self, host: str, port: int) -> None:
+        address = f"{host}:{port}"
+        delay = BACKOFF_MIN
+        while True:
+            if self.token() is not None and await self._link_once(host, port, address):
+                delay = BACKOFF_MIN  # it was up: come back fast
+            await asyncio.sleep(delay * random.uniform(0.8, 1.2))  # noqa: S311 (jitter)
+            delay = min(delay * 2, BACKOFF_MAX)
+
+    async def _link_once(self, host: str, port: int, address: str) -> bool:
+        """Dial ``address`` and serve the link until it closes; True if it was up."""
+        link = Link(self, True, address)
+        try:
+            await asyncio.get_running_loop().create_connection(lambda: link, host, port)
+        except OSError as exc:
+            log.debug("link to %s: %s", address, exc)
+            return False
+        await link.closed
+        return link.node is not None
+
+    # -- links in and out ----------------------------------------------------------------------
+
+    def accept(self, transport: Any, peer: str, data: bytes) -> None:
+        """The listener's connection from ``peer`` opened with the link magic: a link now."""
+        link = Link(self, False, peer)
+        transport.set_protocol(link)
+        link.connection_made(transport)
+        link.data_received(data)
+
+    def dialed(self, link: Link) -> None:
+        self.outbound[link.address] = link
+        link.send(mesh.hello(self.node_id, link.nonce))
+
+    def lost(self, link: Link) -> None:
+        self.dirty.discard(link)
+        node = link.node
+        if link.outbound:
+            if self.outbound.get(link.address) is link:
+                del self.outbound[link.address]
+            if link.up:
+                self._set_state(link.address, DOWN)
+        elif node is not None and self.inbound.get(node) is link:
+            del self.inbound[node]
+            self.inbound_states[node] = DOWN
+            self.on_state()
+        if link.up:
+            link.up = False
+            direction = "out" if link.outbound else "in"
+            log.info("link %s %s (%s) down", direction, node, link.address)
+            self._log("link_down", node or "", link.address, direction)
+
+    def handle(self, link: Link, kind: int, body: bytes) -> None:
+        if link.outbound:
+            self._handle_outbound(link, kind, body)
+        else:
+            self._handle_inbound(link, kind, body)
+
+    def _handle_outbound(self, link: Link, kind: int, body: bytes) -> None:
+        if kind == mesh.PING and link.up:
+            pass  # heard: that is all
+        elif kind == mesh.PUBLISH and link.up:
+            message = mesh.parse_publish(body)
+            assert link.node is not None
+            if self.dedup.fresh(link.node, message.seq):
+                self.received += 1
+                self.broker.deliver_remote(message)
+            if message.qos:
+                link.acks.append(message.seq)
+        elif kind == mesh.CHALLENGE and link.proven is None and not link.up:
+            self._answer(link, *mesh.parse_challenge(body))
+        elif kind == mesh.WELCOME and link.proven is not None and not link.up:
+            node, run = mesh.parse_welcome(body)
+            if node != link.proven:
+                raise MeshProtocolError(f"WELCOME from {node!r}, not {link.proven!r}")
+            link.node = node
+            link.up = True
+            link.frames.max_frame = self.max_frame
+            self.dedup.run(node, run)
+            for data in self.interest.snapshot():
+                link.send(data)
+            log.info("link out to %s (%s) up", node, link.address)
+            self._log("link_up", node, link.address, "out")
+            self._set_state(link.address, UP)
+        elif kind == mesh.REFUSE and not link.up:
+            log.warning("link to %s refused: %s", link.address, printable(mesh.reason_of(body)))
+            self._set_state(link.address, REFUSED)
+            link.close()
+        else:
+            raise MeshProtocolError(f"unexpected frame kind {kind}")
+
+    def _answer(self, link: Link, node: str, nonce: str, proof: str) -> None:
+        """The dialed edge's CHALLENGE: check its proof, then prove ours (AUTH)."""
+        token = self.token()
+        if token is None or node == self.node_id:
+            reason = "a link to this edge itself" if token else "no link token"
+        elif not mesh.proven(proof, token, "accept", link.nonce, nonce, node):
+            reason = "the peer did not prove the link token"
+        else:
+            link.proven = node
+            link.send(mesh.auth(mesh.proof(token, "dial", nonce, link.nonce, self.node_id)))
+            return
+        log.warning("link to %s (%s) given up: %s", printable(node), link.address, reason)
+        self._set_state(link.address, REFUSED)
+        self._log("link_refused", truncated(node), link.address, "out", reason=reason)
+        link.close()
+
+    def _handle_inbound(self, link: Link, kind: int, body: bytes) -> None:
+        node = link.node
+        if node is None:
+            if kind == mesh.HELLO and link.hello is None:
+                self._challenge(link, mesh.parse_hello(body))
+            elif kind == mesh.AUTH and link.hello is not None:
+                self._admit(link, link.hello, mesh.parse_auth(body))
+            else:
+                raise MeshProtocolError(f"frame kind {kind} before the link was admitted")
+        elif kind == mesh.INTEREST:
+            tenant, add, remove = mesh.parse_interest(body)
+            self.routes[node].apply(tenant, add, remove)
+        elif kind == mesh.ACK:
+            self.unacked[node].ack(mesh.parse_ack(body))
+        elif kind != mesh.PING:
+            raise MeshProtocolError(f"unexpected frame kind {kind}")
+
+    def _challenge(self, link: Link, hello: mesh.Hello) -> None:
+        """A HELLO: refuse it, or prove this edge holds the token and challenge the dialer."""
+        token = self.token()
+        reason = mesh.refusal(hello, token, self.node_id)
+        if reason is not None or token is None:
+            self._refuse(link, hello, reason or "no link token")
+            return
+        link.hello = hello
+        proof = mesh.proof(token, "accept", hello.nonce, link.nonce, self.node_id)
+        link.send(mesh.challenge(self.node_id, link.nonce, proof))
+
+    def _refuse(self, link: Link, hello: mesh.Hello, reason: str) -> None:
+        # Whoever tries: the node id is theirs to choose, so it is cut and escaped.
+        node = truncated(hello.node)
+        log.warning("link from %s (%s) refused: %s", printable(node), link.address, reason)
+        self._log("link_refused", node, link.address, "in", reason=reason)
+        link.send(mesh.refuse(reason))
+        link.close()
+
+    def _admit(self, link: Link, hello: mesh.Hello, proof: str) -> None:
+        """An AUTH: the dialer proved the token (or is refused); the link is up."""
+        token = self.token()
+        if token is None or not mesh.proven(
+            proof, token, "dial", link.nonce, hello.nonce, hello.node
+        ):
+            self._refuse(link, hello, "bad token")
+            return
+        previous = self.inbound.get(hello.node)
+        if previous is not None:
+            previous.close()  # the peer dialed again: the newer link wins
+            self.lost(previous)
+        link.node = hello.node
+        link.up = True
+        link.frames.max_frame = self.max_frame
+        self.inbound[hello.node] = link
+        routes = self.routes.setdefault(hello.node, PeerRoutes())
+        routes.reset()  # the peer sends all it wants next
+        unacked = self.unacked.setdefault(hello.node, Unacked())
+        link.send(mesh.welcome(self.node_id, self.run))
+        for data in unacked.frames.values():  # in seq order, before anything new
+            link.send(data)
+        self.inbound_states[hello.node] = UP
+        self.on_state()
+        log.info("link in from %s (%s) up", hello.node, link.address)
+        self._log("link_up", hello.node, link.address, "in")
+
+    def after_read(self, link: Link) -> None:
+        if link.acks:
+            link.send(mesh.ack_frame(link.acks))
+            link.acks = []
+        self.broker.flush_dirty()
+        self.want_flush()
+
+    # -- what the broker calls -----------------------------------------------------------------
+
+    def forward(self, message: Message) -> None:
+        """A publish accepted on this node: once to each peer that wants it."""
+        topic = message.topic
+        if topic[0] == "$" and not topic.startswith(mesh.CROSSING_PREFIXES):
+            return
+        data = None
+        for node, routes in self.routes.items():
+            if not routes.wants(message.tenant, topic):
+                continue
+            if data is None:
+                data = mesh.publish_frame(message)
+            if message.qos:
+                self.unacked[node].add(message.seq, data)
+            link = self.inbound.get(node)
+            if link is None:
+                continue
+            if message.qos or not link.congested():
+                link.send(data)
+                self.forwarded += 1
+            else:
+                self.congested += 1
+
+    def sys_values(self) -> tuple[tuple[str, str], ...]:
+        """Each configured peer's link state by HOST:PORT (the link this edge dials), each
+        peer's link to this edge by node, and the traffic over links."""
+        values = [(f"peers/{address}", state) for address, state in self.states.items()]
+        values += [(f"inbound/{node}", state) for node, state in self.inbound_states.items()]
+        values += [
+            ("publish/forwarded", str(self.forwarded)),
+            ("publish/received", str(self.received)),
+            ("publish/duplicates", str(self.dedup.dropped)),
+            ("publish/congested", str(self.congested)),
+            ("publish/unacked", str(sum(len(u) for u in self.unacked.values()))),
+            ("publish/unacked_dropped", str(sum(u.dropped for u in self.unacked.values()))),
+        ]
+        return tuple(values)
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def want_flush(self) -> None:
+        if not self._flush_soon:
+            self._flush_soon = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_soon = False
+        changes = self.interest.take_changes()
+        if changes:
+            for link in self.outbound.values():
+                if link.up:
+                    for data in changes:
+                        link.send(data)
+        dirty, self.dirty = self.dirty, set()
+        for link in dirty:
+            link.write_out()
+
+    def _set_state(self, address: str, state: str) -> None:
+        if self.states.get(address) != state:
+            self.states[address] = state
+            self.on_state()
+
+    def _log(self, event: str, node: str, address: str, direction: str, **more: Any) -> None:
+        details = {"peer": node, "address": address, "direction": direction, **more}
+        self.broker.log(OPERATOR_TENANT, event, "", details, origin="mesh")
+        self.broker.flush_dirty()
+
+
+def _nothing() -> None:
+    pass

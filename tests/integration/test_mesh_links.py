@@ -1,0 +1,154 @@
+"""A mesh link that breaks while both edges run (issue 11): two edges in this process (their
+state is read on their loops), linked with a mesh token, and stock paho clients."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from broker_edge import mesh
+from broker_edge.meshlink import Mesh
+from broker_edge.settings import EdgeSettings
+from tests.helpers.mesh_clients import SETTLE, settle
+from tests.integration.conftest import RunningEdge
+
+TOKEN = "mesh-token-for-tests"
+
+
+@pytest.fixture
+def pair(edge_settings: EdgeSettings) -> Iterator[tuple[RunningEdge, RunningEdge]]:
+    """Edge "a", and edge "b" dialing it: publishes on a reach subscribers on b."""
+    base = replace(edge_settings, mesh_token=TOKEN)
+    a = RunningEdge(replace(base, node_id="a", data_dir=base.data_dir / "a")).start()
+    b_settings = replace(
+        base, node_id="b", data_dir=base.data_dir / "b", peers=(f"127.0.0.1:{a.port}",)
+    )
+    b = RunningEdge(b_settings).start()
+    yield a, b
+    b.stop()
+    a.stop()
+
+
+def _mesh(edge: RunningEdge) -> Mesh:
+    assert edge.node.mesh is not None
+    return edge.node.mesh
+
+
+def _until(edge: RunningEdge, read: Any) -> None:
+    deadline = time.monotonic() + SETTLE
+    while not edge.call(read):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def _break_link(b: RunningEdge) -> None:
+    """Reset b's link to a (as a network fault would), on b's loop."""
+
+    def reset() -> None:
+        for link in _mesh(b).outbound.values():
+            assert link.transport is not None
+            link.transport.abort()
+
+    b.call(reset)
+
+
+def test_a_broken_link_resends_what_was_not_acknowledged_once(
+    pair: tuple[RunningEdge, RunningEdge], make_client: Any
+) -> None:
+    a, b = pair
+    sub = make_client("sub", port=b.port)
+    sub.subscribe("brk/#", qos=1)
+    pub = make_client("pub", port=a.port)
+    settle(pub, [sub], "brk/probe")
+
+    # b gets these and acknowledges them, but a never hears the acks: after the break a sends
+    # them again, and b drops them by (origin, seq).
+    def deaf() -> None:
+        _mesh(a).unacked["b"].ack = lambda seqs: None  # type: ignore[method-assign]
+
+    a.call(deaf)
+    for i in range(3):
+        pub.publish("brk/x", f"m{i}".encode(), qos=1)
+    assert [sub.get().payload for _ in range(3)] == [b"m0", b"m1", b"m2"]
+    a.call(lambda: delattr(_mesh(a).unacked["b"], "ack"))
+    _break_link(b)
+    _until(b, lambda: _mesh(b).dedup.dropped == 3)
+    _until(a, lambda: not _mesh(a).unacked["b"].frames)  # acknowledged this time
+    sub.nothing_more()
+
+    # Published while the link is down (or going down): kept by a, sent when b is back.
+    _break_link(b)
+    for i in range(3, 6):
+        pub.publish("brk/x", f"m{i}".encode(), qos=1)
+    assert [sub.get(timeout=SETTLE).payload for _ in range(3)] == [b"m3", b"m4", b"m5"]
+    sub.nothing_more()
+    assert b.call(lambda: _mesh(b).states) == {f"127.0.0.1:{a.port}": "up"}
+
+
+def test_an_impostor_at_a_peers_address_gets_no_proof_and_no_link(
+    edge_settings: EdgeSettings,
+) -> None:
+    """Something listening at a peer's address without the token: its CHALLENGE proves
+    nothing, so the edge sends no AUTH and gives the link up."""
+    server = socket.create_server(("127.0.0.1", 0))
+    heard: list[bytes] = []
+
+    def impostor() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.settimeout(SETTLE)
+            heard.append(conn.recv(4096))
+            conn.sendall(mesh.challenge("peer", "n-fake", "00" * 32))
+            while chunk := conn.recv(4096):
+                heard.append(chunk)
+
+    thread = threading.Thread(target=impostor, daemon=True)
+    thread.start()
+    address = f"127.0.0.1:{server.getsockname()[1]}"
+    settings = replace(edge_settings, mesh_token=TOKEN, peers=(address,))
+    edge = RunningEdge(settings).start()
+    try:
+        _until(edge, lambda: _mesh(edge).states[address] == "refused")
+        thread.join(SETTLE)
+        assert heard[0].startswith(mesh.MAGIC)
+        assert all(TOKEN.encode() not in data for data in heard)
+        frames = mesh.FrameBuffer(4096).feed(b"".join(heard)[len(mesh.MAGIC) :])
+        assert [kind for kind, _ in frames] == [mesh.HELLO]  # no AUTH
+    finally:
+        edge.stop()
+        server.close()
+
+
+def test_filters_are_told_once_per_node_and_a_publish_crosses_once(
+    pair: tuple[RunningEdge, RunningEdge], make_client: Any
+) -> None:
+    a, b = pair
+    subs = [make_client(f"sub-{i}", port=b.port) for i in range(3)]
+    for sub in subs:
+        sub.subscribe("agg/#", qos=1)
+    subs[0].subscribe("agg/+/x", qos=0)  # a second filter of one client matching the same
+    pub = make_client("pub", port=a.port)
+    settle(pub, subs, "agg/probe/x")
+
+    def wanted() -> dict[str, list[str]]:
+        return _mesh(a).routes["b"].filters()
+
+    assert a.call(wanted) == {"default": ["agg/#", "agg/+/x"]}
+    before = a.call(lambda: _mesh(a).forwarded)
+    pub.publish("agg/v/x", b"one", qos=1)
+    for sub in subs:
+        assert sub.get().payload == b"one"
+        sub.nothing_more()
+    assert a.call(lambda: _mesh(a).forwarded) == before + 1  # once to b, not once per sub
+    subs[0].paho.unsubscribe("agg/+/x")
+    subs[1].paho.unsubscribe("agg/#")
+    _until(a, lambda: wanted() == {"default": ["agg/#"]})  # two subscribers still hold it
+    for sub in (subs[0], subs[2]):
+        sub.paho.unsubscribe("agg/#")
+    _until(a, lambda: wanted() == {})

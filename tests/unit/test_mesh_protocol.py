@@ -1,0 +1,225 @@
+"""The edge mesh's pure parts (broker_edge.mesh): frames, interest, peer routes, acks, dedup."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker_edge import mesh
+from broker_edge.mesh import (
+    Dedup,
+    FrameBuffer,
+    Interest,
+    MeshProtocolError,
+    PeerRoutes,
+    Unacked,
+    crosses,
+)
+from broker_edge.message import Message
+from broker_edge.packets import Properties, QoS, Subscription
+from broker_edge.router import Router, SessionBounds
+
+
+def _message(**kwargs: object) -> Message:
+    fields: dict[str, object] = {
+        "tenant": "acme",
+        "topic": "fleet/v1/telemetry",
+        "payload": b"\x00\x01payload",
+        "qos": QoS.AT_LEAST_ONCE,
+        "retain": True,
+        "client_id": "dev-1",
+        "ts_us": 1_700_000_000_000_000,
+        "properties": Properties(content_type="application/json", user_properties=(("k", "v"),)),
+        "seq": 42,
+    }
+    fields.update(kwargs)
+    return Message(**fields)  # type: ignore[arg-type]
+
+
+def test_publish_frame_round_trips_whole_and_byte_by_byte() -> None:
+    message = _message()
+    data = mesh.publish_frame(message) + mesh.ack_frame([1, 2, 3])
+    whole = FrameBuffer(1 << 20).feed(data)
+    pieces = FrameBuffer(1 << 20)
+    by_byte = [f for i in range(len(data)) for f in pieces.feed(data[i : i + 1])]
+    assert whole == by_byte
+    assert [kind for kind, _ in whole] == [mesh.PUBLISH, mesh.ACK]
+    got = mesh.parse_publish(whole[0][1])
+    assert (got.tenant, got.topic, got.payload, got.qos, got.client_id, got.ts_us, got.seq) == (
+        "acme",
+        "fleet/v1/telemetry",
+        b"\x00\x01payload",
+        QoS.AT_LEAST_ONCE,
+        "dev-1",
+        1_700_000_000_000_000,
+        42,
+    )
+    assert got.properties.content_type == "application/json"
+    assert got.properties.user_properties == (("k", "v"),)
+    assert got.retain is False  # a crossing copy is never stored as retained
+    assert mesh.parse_ack(whole[1][1]) == (1, 2, 3)
+
+
+def test_publish_without_properties() -> None:
+    frames = FrameBuffer(1 << 20).feed(mesh.publish_frame(_message(properties=Properties())))
+    got = mesh.parse_publish(frames[0][1])
+    assert got.properties.content_type is None
+    assert got.properties.user_properties == ()
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"\x00\x00\x00\x00\x05",  # length 0
+        b"\xff\xff\xff\xff\x05",  # longer than allowed
+        b"\x00\x00\x00\x01\x63",  # unknown kind
+    ],
+)
+def test_bad_frames_are_protocol_errors(data: bytes) -> None:
+    with pytest.raises(MeshProtocolError):
+        FrameBuffer(4096).feed(data)
+
+
+@pytest.mark.parametrize(
+    "body", [b"", b"\x00" * 10, b"\x00" * 18 + b"\x00\x05ab", b"\x00" * 18 + b"\xff\xff"]
+)
+def test_truncated_publish_is_a_protocol_error(body: bytes) -> None:
+    with pytest.raises(MeshProtocolError):
+        mesh.parse_publish(body)
+
+
+def _frame(data: bytes) -> tuple[int, bytes]:
+    [(kind, body)] = FrameBuffer(4096).feed(data)
+    return kind, body
+
+
+def test_handshake_proves_the_token_both_ways_without_sending_it() -> None:
+    token = "secret-token-123456"
+    data = mesh.hello("edge-a", "n-dial")
+    assert data.startswith(mesh.MAGIC)
+    assert token.encode() not in data
+    kind, body = _frame(data[len(mesh.MAGIC) :])
+    assert kind == mesh.HELLO
+    hello = mesh.parse_hello(body)
+    assert hello == mesh.Hello("edge-a", "n-dial")
+    assert mesh.refusal(hello, token, "edge-b") is None
+    assert "no links" in str(mesh.refusal(hello, None, "edge-b"))
+    assert "own" in str(mesh.refusal(hello, token, "edge-a"))
+    # The acceptor proves first, over both challenges; the dialer checks, then proves.
+    accept = mesh.proof(token, "accept", hello.nonce, "n-acc", "edge-b")
+    kind, body = _frame(mesh.challenge("edge-b", "n-acc", accept))
+    assert kind == mesh.CHALLENGE
+    node, nonce, given = mesh.parse_challenge(body)
+    assert mesh.proven(given, token, "accept", "n-dial", nonce, node)
+    assert not mesh.proven(given, "other-token-123456", "accept", "n-dial", nonce, node)
+    assert not mesh.proven(given, token, "dial", "n-dial", nonce, node)  # roles differ
+    assert not mesh.proven(given, token, "accept", "n-replayed", nonce, node)
+    dial = mesh.proof(token, "dial", nonce, "n-dial", "edge-a")
+    kind, body = _frame(mesh.auth(dial))
+    assert kind == mesh.AUTH
+    assert mesh.proven(mesh.parse_auth(body), token, "dial", "n-acc", "n-dial", "edge-a")
+    with pytest.raises(MeshProtocolError):
+        mesh.parse_hello(b'{"v": 99, "node": "x", "nonce": "n"}')
+    with pytest.raises(MeshProtocolError):
+        mesh.parse_hello(b'{"v": 1, "node": "a/b", "nonce": "n"}')
+    with pytest.raises(MeshProtocolError):
+        mesh.parse_auth(b'{"proof": 7}')
+    assert mesh.nonce() != mesh.nonce()
+
+
+def test_interest_counts_a_filter_once_per_node() -> None:
+    interest = Interest()
+    told: list[int] = []
+    interest.on_change = lambda: told.append(1)
+    interest.add("acme", "fleet/#")
+    interest.add("acme", "fleet/#")
+    interest.add("globex", "fleet/#")
+    [*frames] = interest.take_changes()
+    parsed = sorted(mesh.parse_interest(FrameBuffer(4096).feed(f)[0][1]) for f in frames)
+    assert parsed == [("acme", ["fleet/#"], []), ("globex", ["fleet/#"], [])]
+    interest.remove("acme", "fleet/#")
+    assert interest.take_changes() == []  # one subscriber left
+    interest.remove("acme", "fleet/#")
+    [removed] = interest.take_changes()
+    assert mesh.parse_interest(FrameBuffer(4096).feed(removed)[0][1]) == ("acme", [], ["fleet/#"])
+    interest.add("acme", "x")
+    interest.remove("acme", "x")
+    assert interest.take_changes() == []  # added and removed before it was sent
+    [snapshot] = interest.snapshot()
+    assert mesh.parse_interest(FrameBuffer(4096).feed(snapshot)[0][1]) == (
+        "globex",
+        ["fleet/#"],
+        [],
+    )
+
+
+def test_router_reports_trie_entries_to_interest() -> None:
+    router = Router(SessionBounds(10, 10, 1 << 20))
+    interest = router.interest = Interest()
+    a = router.new_session("acme", "a", True, None)
+    b = router.new_session("acme", "b", True, None)
+    sub = Subscription("fleet/#", QoS.AT_LEAST_ONCE)
+    shared = Subscription("$share/g/fleet/#", QoS.AT_LEAST_ONCE)
+    router.subscribe(a, [(None, "fleet/#", sub)], None, 0)
+    router.subscribe(a, [(None, "fleet/#", sub)], None, 0)  # again: no new entry
+    router.subscribe(b, [(None, "fleet/#", sub), ("g", "fleet/#", shared)], None, 0)
+    assert interest.counts == {("acme", "fleet/#"): 3}  # a, b, the group
+    router.unsubscribe(a, ["fleet/#"])
+    router.drop_session(b)
+    assert interest.counts == {}
+    assert interest.changes == {}  # came and went before anything was sent
+
+
+def test_peer_routes_match_per_tenant() -> None:
+    routes = PeerRoutes()
+    routes.apply("acme", ["fleet/+/telemetry", "$log/#"], [])
+    assert routes.wants("acme", "fleet/v1/telemetry")
+    assert routes.wants("acme", "$log/mqtt/connect")
+    assert not routes.wants("globex", "fleet/v1/telemetry")
+    assert not routes.wants("acme", "fleet/v1/status")
+    assert routes.filters() == {"acme": ["$log/#", "fleet/+/telemetry"]}
+    routes.apply("acme", [], ["fleet/+/telemetry", "$log/#"])
+    assert routes.tenants == {}
+    assert routes.filters() == {}
+    with pytest.raises(MeshProtocolError):
+        routes.apply("acme", ["a/#/b"], [])
+
+
+def test_what_crosses() -> None:
+    assert crosses("fleet/v1")
+    assert crosses("$log/mqtt/connect")
+    assert crosses("$counters/messages_in")
+    for local in ("$SYS/broker/uptime", "$control/quota/acme", "$quota/messages_per_day"):
+        assert not crosses(local)
+
+
+def test_unacked_is_bounded_and_acked_in_any_order() -> None:
+    unacked = Unacked(limit=3, limit_bytes=100)
+    for seq in range(1, 6):
+        unacked.add(seq, b"x" * 10)
+    assert list(unacked.frames) == [3, 4, 5]
+    assert unacked.dropped == 2
+    unacked.ack([4, 99])
+    assert list(unacked.frames) == [3, 5]
+    assert unacked.bytes == 20
+    unacked.add(6, b"y" * 95)  # over the byte bound: the oldest go
+    assert list(unacked.frames) == [6]
+
+
+def test_dedup_drops_what_an_origin_sent_again() -> None:
+    dedup = Dedup()
+    dedup.run("a", "run-1")
+    assert [dedup.fresh("a", s) for s in (1, 3, 3, 2, 4)] == [True, True, False, False, True]
+    assert dedup.fresh("b", 1)
+    assert dedup.dropped == 2
+    dedup.run("a", "run-1")  # the same run linked again: what it sends again is dropped
+    assert not dedup.fresh("a", 4)
+    dedup.run("a", "run-2")  # a new run (its journal may have started over) sends nothing again
+    assert dedup.fresh("a", 1)
+
+
+def test_welcome_names_the_node_and_its_run() -> None:
+    [(kind, body)] = FrameBuffer(4096).feed(mesh.welcome("edge-b", "r1"))
+    assert kind == mesh.WELCOME
+    assert mesh.parse_welcome(body) == ("edge-b", "r1")
+    with pytest.raises(MeshProtocolError):
+        mesh.parse_welcome(b'{"node": "edge-b"}')
