@@ -7,7 +7,8 @@ echo "== ruff" && ruff check . && ruff format --check .
 echo "== mypy" && mypy
 echo "== pytest"
 set +e
-pytest "$@"
+# Two workers: much of the suite waits (sockets, subprocesses, Spark's scheduling), not computes.
+pytest -n 2 --dist loadfile "$@"
 rc=$?
 set -e
 if [[ $rc -eq 5 ]]; then echo "pytest collected no tests: failing" >&2; exit 1; fi

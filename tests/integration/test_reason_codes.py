@@ -40,6 +40,7 @@ CLOSE_WAIT = 5.0
 PINGREQ = b"\xc0\x00"
 PINGRESP_TYPE = 0xD
 DISCONNECT_TYPE = 0xE
+SUBACK_TYPE = 0x9
 
 MALFORMED = 0x81
 PROTOCOL_ERROR = 0x82
@@ -442,13 +443,21 @@ CAPABILITY_ROWS = [
 
 
 @pytest.mark.parametrize("row", CAPABILITY_ROWS)
-def test_v5_violation_of_announced_capability(edge, row):
+def test_v5_capability_used_as_the_connack_announces_it(edge, row):
     with _connected(edge.port, connect_v5()) as (sock, raw):
         connack = _connack_v5(raw)
-        if not row.applies(connack):
-            pytest.skip("the edge's CONNACK announces this capability: nothing to violate")
         sock.sendall(row.violation(connack) + PINGREQ)
-        _assert_disconnect(_outcome(sock), row.codes)
+        outcome = _outcome(sock)
+        if row.applies(connack):
+            _assert_disconnect(outcome, row.codes)
+        else:
+            # The edge announces the capability, so the same packet is a valid use of it:
+            # granted (SUBACK, every reason code a success), and the connection stays up.
+            assert not outcome.closed, outcome.describe()
+            subacks = [body for first, body in outcome.frames if first >> 4 == SUBACK_TYPE]
+            assert len(subacks) == 1, outcome.describe()
+            props_len = subacks[0][2]  # packet id (2 bytes), then a one-byte property length
+            assert all(code < 0x80 for code in subacks[0][3 + props_len :]), outcome.describe()
 
 
 # -- Maximum Packet Size (make_edge(max_packet_size=1024)) ---------------------------------------
