@@ -1,4 +1,4 @@
-"""The quota loop with real processes: `edgebus edge` and `edgebus pipeline --tenants --broker`.
+"""The quota loop with real processes: `edgebus run --tenants` (an edge and the pipeline).
 
 A tenant with a daily limit of 20 messages publishes past it with paho (MQTT 5, QoS 1); the
 pipeline's quota step blocks it and the edge refuses its publishes (PUBACK 0x97) and new
@@ -34,6 +34,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 EDGEBUS = [sys.executable, "-m", "edgebus.cli"]
 ENV = {**os.environ, "PYSPARK_PYTHON": sys.executable}
 QUOTA_EXCEEDED = 0x97
+# The pipeline's line when SIGHUP finds a broken tenants file (the edge logs its own).
+REFUSED_RELOAD = "SIGHUP: tenants file not reloaded, the quota step keeps the old one"
 LIMIT = 20
 RAISED = 1000
 # Spark starts in ~7 s and a batch costs ~0.5 s on an idle machine; other test runs share it.
@@ -93,7 +95,7 @@ def wait_for(what: str, done: Callable[[], bool], timeout: float, *procs: Any) -
     deadline = time.monotonic() + timeout
     while not done():
         for proc in procs:
-            assert proc.poll() is None, f"{proc.args[3]} exited ({proc.returncode}) before {what}"
+            assert proc.poll() is None, f"{proc.args[3:6]} exited ({proc.returncode}) before {what}"
         assert time.monotonic() < deadline, f"no {what} within {timeout:g} s"
         time.sleep(0.2)
 
@@ -140,27 +142,34 @@ def quota_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[QuotaRun]:
         "[edge]\ncounter_interval = 1.0\nsys_interval = 0\n\n"
         "[pipeline]\ntrigger_interval_seconds = 0.5\nshuffle_partitions = 2\n"
     )
-    edge_log, pipeline_log = tmp / "edge.log", tmp / "pipeline.log"
-    edge = subprocess.Popen(
-        [*EDGEBUS, "edge", "--listen", "127.0.0.1:0", "--node-id", "quota-e2e"]
-        + ["--data-dir", str(data), "--config", str(config), "--tenants", str(tenants)],
+    # `edgebus run`: the edge and the pipeline as a user of the embedded default runs them (the
+    # pipeline learns the edge's port, picked at start, and the config's [edge] table reaches
+    # the edge); one log for both.
+    pipeline_log = tmp / "run.log"
+    run = subprocess.Popen(
+        [
+            *EDGEBUS,
+            "--log-level",
+            "INFO",
+            "run",
+            "--listen",
+            "127.0.0.1:0",
+            "--node-id",
+            "quota-e2e",
+        ]
+        + ["--data-dir", str(data), "--lake", str(lake)]
+        + ["--config", str(config), "--tenants", str(tenants)],
         stdout=subprocess.PIPE,
-        stderr=edge_log.open("wb"),
+        stderr=pipeline_log.open("wb"),
         env=ENV,
     )
-    pipeline: subprocess.Popen[bytes] | None = None
     clients: list[Client] = []
     try:
-        assert edge.stdout is not None
-        port = int(edge.stdout.readline().decode().rsplit(":", 1)[1])
-        pipeline = subprocess.Popen(
-            [*EDGEBUS, "pipeline", "--data-dir", str(data), "--lake", str(lake)]
-            + ["--config", str(config), "--tenants", str(tenants)]
-            + ["--broker", f"127.0.0.1:{port}"],
-            stderr=pipeline_log.open("wb"),
-            env=ENV,
-        )
-        procs = (edge, pipeline)
+        assert run.stdout is not None
+        line = run.stdout.readline().decode()
+        assert line.startswith("edgebus edge quota-e2e listening on 127.0.0.1:"), line
+        port = int(line.rsplit(":", 1)[1])
+        procs = (run,)
 
         def pipeline_says(text: str) -> Callable[[], bool]:
             return lambda: text.encode() in pipeline_log.read_bytes()
@@ -181,15 +190,16 @@ def quota_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[QuotaRun]:
 
         # A broken file and SIGHUP: the pipeline says so, keeps running and keeps the limit.
         tenants.write_text("[tenants.tiny\n")
-        pipeline.send_signal(signal.SIGHUP)
-        wait_for("refused reload", pipeline_says("SIGHUP: tenants file not reloaded"), 30, *procs)
+        run.send_signal(signal.SIGHUP)
+        wait_for("refused reload", pipeline_says(REFUSED_RELOAD), 30, *procs)
         while_blocked["publish after a bad file"] = tiny.publish()
 
         released_from = datetime.now(UTC)
         tenants.write_text(TENANTS.replace(f"= {LIMIT}", f"= {RAISED}"))
-        pipeline.send_signal(signal.SIGHUP)
-        edge.send_signal(signal.SIGHUP)
-        wait_for("reload", pipeline_says(f"{tenants} reloaded (2 tenants)"), 30, *procs)
+        run.send_signal(signal.SIGHUP)  # reaches the edge and the pipeline
+        reloaded = f": SIGHUP: tenants file {tenants} reloaded (2 tenants)"
+        wait_for("reload", pipeline_says(f"edgebus{reloaded}"), 30, *procs)
+        wait_for("edge reload", pipeline_says(f"broker_edge.node{reloaded}"), 30, *procs)
         publish_until(tiny, 0, PIPELINE_DEADLINE, *procs)
         after_release = {
             "publish": tiny.publish(),
@@ -206,10 +216,8 @@ def quota_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[QuotaRun]:
             PIPELINE_DEADLINE,
             *procs,
         )
-        pipeline.send_signal(signal.SIGTERM)
-        assert pipeline.wait(120) == 0, pipeline_log.read_text()[-4000:]
-        edge.send_signal(signal.SIGTERM)
-        assert edge.wait(30) == 0, edge_log.read_text()[-4000:]
+        run.send_signal(signal.SIGTERM)
+        assert run.wait(120) == 0, pipeline_log.read_text()[-4000:]
         yield QuotaRun(
             lake,
             pipeline_log.read_text(),
@@ -221,10 +229,9 @@ def quota_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[QuotaRun]:
     finally:
         for client in clients:
             client.close()
-        for proc in (pipeline, edge):
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        if run.poll() is None:
+            run.kill()  # its children get SIGTERM through the parent-death signal
+            run.wait()
 
 
 def test_tenant_is_blocked_over_its_limit_and_released_when_it_is_raised(
@@ -239,7 +246,11 @@ def test_tenant_is_blocked_over_its_limit_and_released_when_it_is_raised(
         "publish after a bad file": QUOTA_EXCEEDED,
     }
     assert quota_run.after_release == {"publish": 0, "connect": 0}
-    assert "SIGHUP: tenants file not reloaded" in quota_run.pipeline_log
+    assert REFUSED_RELOAD in quota_run.pipeline_log
+    # Every publish the edge accepted is a row of `messages`, once.
+    accepted = rows(quota_run.lake, "messages", "tenant = 'tiny'")
+    assert len({(r["node"], r["seq"]) for r in accepted}) == len(accepted)
+    assert len(accepted) >= quota_run.first_burst.count(0)
 
     # quota_events: blocked at the old limit, then cleared (same day) under the raised one.
     events = sorted(
