@@ -120,18 +120,18 @@ class PipelineMetrics:
         counts: Mapping[str, int | None],
         timings: Mapping[str, float],
         ends: Mapping[str, int],
-        elapsed: float | None = None,
+        elapsed: float,
     ) -> None:
         """A micro-batch is in every table: its rows per destination (None: not known), its
-        step timings, and each node's last seq in it."""
+        step timings, each node's last seq in it, and its wall time (steps may overlap: the
+        small tables' appends run beside the usage step)."""
         self.batches.inc()
         for dest, n in counts.items():
             if n:
                 self.rows.labels(DESTINATION_TABLES.get(dest, dest)).inc(n)
         for step, seconds in timings.items():
             self.step_seconds.labels(step).inc(seconds)
-        # Steps may overlap (the small tables' appends): the batch's own wall time when given.
-        self.batch_seconds.observe(sum(timings.values()) if elapsed is None else elapsed)
+        self.batch_seconds.observe(elapsed)
         self.last_batch.set(self._clock())
         self.lag.committed(ends)
 

@@ -49,7 +49,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, cast
 
 from pyspark import StorageLevel
@@ -129,7 +129,6 @@ class TableFanout:
         )
         self.usage = UsageStep(settings, quota, self.publisher)
         self.quarantine = quarantine_writer(settings.table_path(QUARANTINE_TABLE))
-        self._quarantine = ((route.QUARANTINE, self.quarantine),)
         # The small tables' appends, beside the usage step (see ``_others``).
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="append")
 
@@ -195,22 +194,21 @@ class TableFanout:
                 for row in others.groupBy("dest").agg(F.count("*").alias("n")).collect()
             }
             lap("others")
-            appends = [
-                (dest, writer)
-                for dest, writer in ((route.LOGS, self.appends[route.LOGS]), *self._quarantine)
+            small = ((route.LOGS, self.appends[route.LOGS]), (route.QUARANTINE, self.quarantine))
+            pending = {
+                dest: self._pool.submit(_timed, writer.append, batch_id, _share(others, dest))
+                for dest, writer in small
                 if counts.get(dest)
-            ]
-            pending = [
-                (dest, self._pool.submit(_timed, writer.append, batch_id, _share(others, dest)))
-                for dest, writer in appends
-            ]
+            }
             try:
                 counters = _share(others, route.COUNTERS) if counts.get(route.COUNTERS) else None
                 decided = self.usage(spark, batch_id, counters)
                 lap("usage")
-            finally:  # every append ends (or fails) before the rows are unpersisted
-                for dest, future in pending:
-                    timings[dest] = future.result()[1]
+            finally:
+                # Every append ends (or fails) before the rows are unpersisted, whichever fails.
+                wait(pending.values())
+            for dest, future in pending.items():
+                timings[dest] = future.result()[1]  # an append's failure is raised here
         finally:
             others.unpersist()
         return counts, decided

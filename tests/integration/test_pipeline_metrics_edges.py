@@ -31,7 +31,7 @@ def test_lag_of_an_edge_read_over_http(tmp_path: Path) -> None:
             assert value(samples, "edgebus_pipeline_lag_records", node="edge-a") == durable
             waited = value(samples, "edgebus_pipeline_lag_seconds", node="edge-a")
             assert 0 <= waited <= time.time() - started + 1  # its first record's age
-            metrics.batch_done({"messages": 20}, {"messages": 0.1}, {"edge-a": int(durable)})
+            metrics.batch_done({"messages": 20}, {"messages": 0.1}, {"edge-a": int(durable)}, 0.1)
             samples = parse(httpx.get(url, timeout=10.0).text)
             assert value(samples, "edgebus_pipeline_committed_seq", node="edge-a") == durable
             lag = value(samples, "edgebus_pipeline_lag_records", node="edge-a")

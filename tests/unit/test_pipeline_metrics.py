@@ -81,8 +81,10 @@ def test_lag_per_node_against_the_journals(
         {"messages": 8, "counters": 2, "logs": None},
         {"route": 0.25, "messages": 0.5},
         {"edge-a": 8, "edge-b": 3},
+        0.75,
     )
     samples = scrape()
+    assert value(samples, "edgebus_pipeline_batch_duration_seconds_sum") == 0.75
     assert value(samples, "edgebus_pipeline_lag_records", node="edge-a") == 2
     # Now seq 9 waits: journaled 8 µs after TS.
     assert value(samples, "edgebus_pipeline_lag_seconds", node="edge-a") == pytest.approx(
