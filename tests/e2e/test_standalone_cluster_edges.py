@@ -25,14 +25,8 @@ from edge_process import (  # noqa: F401 (two_edges: the fixture)
     two_edges,
 )
 
+from bench.cluster import Cluster, standalone_cluster
 from sinks.delta import read_table
-
-# bench/ is a tool directory, not an installed package; make it importable however pytest runs.
-_ROOT = str(Path(__file__).resolve().parents[2])
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
-
-from bench.cluster import Cluster, standalone_cluster  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -115,7 +109,6 @@ def test_a_standalone_cluster_reads_two_edges_over_http(
     logs = read_table(lake / "logs", columns=["node", "seq", "event_type", "client_id"])
     events = logs.to_pylist()
     assert len({(r["node"], r["seq"]) for r in events}) == len(events)
+    logged = {(r["node"], r["event_type"], r["client_id"]) for r in events}
     for node, prefix in (("edge-a", "a"), ("edge-b", "b")):
-        assert (node, "connect", f"pub-{prefix}-0") in {
-            (r["node"], r["event_type"], r["client_id"]) for r in events
-        }
+        assert (node, "connect", f"pub-{prefix}-0") in logged

@@ -14,15 +14,9 @@ import pyarrow as pa
 from deltalake import write_deltalake
 from test_api import LOGS, TENANTS
 
+from bench.s3_server import s3_server
 from schemas.tables import LOGS_PARTITION_BY, LOGS_SCHEMA
 from sinks.storage import lake_path
-
-# bench/ is a tool directory, not an installed package; make it importable however pytest runs.
-_ROOT = str(Path(__file__).resolve().parents[2])
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
-
-from bench.s3_server import s3_server  # noqa: E402
 
 BUCKET = "edgebus-api"
 

@@ -24,15 +24,9 @@ import pytest
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
+from bench.s3_server import s3_server
 from edgebus.demo_lake import FIRST_LIMIT, LIMITED, RAISED_LIMIT
 from sinks.storage import ENVIRONMENT
-
-# bench/ is a tool directory, not an installed package; make it importable however pytest runs.
-_ROOT = str(Path(__file__).resolve().parents[2])
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
-
-from bench.s3_server import s3_server  # noqa: E402
 
 BUCKET = "edgebus-notebooks"
 

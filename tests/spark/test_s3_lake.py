@@ -22,6 +22,7 @@ from pyspark.sql import SparkSession
 from test_lake_readers import NOON, write_journal
 from test_lake_upgrade import identities
 
+from bench.s3_server import s3_server
 from schemas.tables import TABLES
 from sinks.delta import read_table
 from sinks.maintenance import maintain_table
@@ -30,13 +31,6 @@ from streaming import lake, pipeline
 from streaming.quality import run_quality
 from streaming.quota_settings import QuotaSettings, TenantLimits
 from streaming.settings import PipelineSettings
-
-# bench/ is a tool directory, not an installed package; make it importable however pytest runs.
-_ROOT = str(Path(__file__).resolve().parents[2])
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
-
-from bench.s3_server import s3_server  # noqa: E402
 
 pytestmark = pytest.mark.spark
 

@@ -5,7 +5,6 @@ a compaction that re-adds rows without a data change)."""
 from __future__ import annotations
 
 import math
-import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -15,12 +14,7 @@ import pytest
 from deltalake import DeltaTable
 from lake_fixture import DeltaBatchWriter
 
-# bench/ is a tool directory, not an installed package; make it importable however pytest runs.
-_ROOT = str(Path(__file__).resolve().parents[2])
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
-
-from bench import latency  # noqa: E402
+from bench import latency
 
 SCHEMA = pa.schema(
     [

@@ -6,18 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import random
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-# bench/ is a tool directory, not an installed package; make it importable however pytest runs.
-_ROOT = str(Path(__file__).resolve().parents[2])
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
-
-from bench import brokers, compare, loadgen, suite, wire  # noqa: E402
+from bench import brokers, compare, loadgen, suite, wire
 
 # --- encoding against known bytes ------------------------------------------------------------
 

@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 import tomllib
-from pathlib import Path
 
 import pytest
 
-# bench/ is a tool directory, not an installed package; make it importable however pytest runs.
-_ROOT = str(Path(__file__).resolve().parents[2])
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
-
-from bench import BenchError  # noqa: E402
-from bench.quota import QUOTA_EXCEEDED, Round, tenants_file  # noqa: E402
+from bench import BenchError
+from bench.quota import QUOTA_EXCEEDED, Round, tenants_file
 
 
 def a_round(codes: list[int], limit: int, period: float = 0.001) -> Round:
