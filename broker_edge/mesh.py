@@ -27,7 +27,10 @@ an MQTT client: it cannot subscribe or publish anywhere itself.
 
 Routing state: each edge counts, per tenant namespace, the filters its sessions hold
 (:class:`Interest`: a filter once per node however many subscribers). A new link gets the whole
-set, then changes as they happen (a filter's first subscriber adds it, its last removes it).
+set, ended by :data:`SYNCED`, then changes as they happen (a filter's first subscriber adds it,
+its last removes it). The whole set replaces the peer's filters only once it is all there: until
+then the origin routes by the filters the peer had (and the new ones as they arrive), so a
+publish made between the link's admission and the end of the set is not missed.
 The origin keeps each peer's filters in a trie per tenant (:class:`PeerRoutes`) and sends a
 publish once to each peer with a matching filter. Only the origin journals a publish: the
 receiver routes it to its own sessions and never forwards it again (one hop, no loops).
@@ -75,7 +78,8 @@ ACK = 6
 PING = 7
 CHALLENGE = 8
 AUTH = 9
-KINDS = frozenset({HELLO, WELCOME, REFUSE, INTEREST, PUBLISH, ACK, PING, CHALLENGE, AUTH})
+SYNCED = 10
+KINDS = frozenset({HELLO, WELCOME, REFUSE, INTEREST, PUBLISH, ACK, PING, CHALLENGE, AUTH, SYNCED})
 
 _HEADER = struct.Struct(">IB")  # length of what follows the length, kind
 _PUBLISH = struct.Struct(">QQBB")  # seq, ts_us, qos, retain
@@ -191,6 +195,7 @@ def parse_welcome(body: bytes) -> tuple[str, str]:
 
 
 PING_FRAME = frame(PING, b"")
+SYNCED_FRAME = frame(SYNCED, b"")
 
 
 def refuse(reason: str) -> bytes:
@@ -394,15 +399,26 @@ def _frames(changes: dict[tuple[str, str], bool]) -> list[bytes]:
 
 
 class PeerRoutes:
-    """What one peer's sessions subscribe to, per tenant (told by the peer)."""
+    """What one peer's sessions subscribe to, per tenant (told by the peer).
+
+    A new link's whole set (:meth:`begin` ... :meth:`end`) is gathered beside the filters held
+    before, which keep matching until it replaces them."""
 
     def __init__(self) -> None:
         self.tenants: dict[str, TopicTrie[int, None]] = {}
         self._filters: dict[str, set[str]] = {}  # the same, as filters (to read)
+        self.incoming: PeerRoutes | None = None  # the set being told, while it is
 
-    def reset(self) -> None:
-        self.tenants.clear()
-        self._filters.clear()
+    def begin(self) -> None:
+        """A link's whole set comes next (a set begun before and not ended is dropped)."""
+        self.incoming = PeerRoutes()
+
+    def end(self) -> None:
+        """The whole set was told: it replaces the filters held before."""
+        incoming = self.incoming
+        if incoming is None:
+            raise MeshProtocolError("SYNCED without a link's set of filters before it")
+        self.tenants, self._filters, self.incoming = incoming.tenants, incoming._filters, None
 
     def filters(self) -> dict[str, list[str]]:
         """The peer's filters per tenant, sorted."""
@@ -410,6 +426,9 @@ class PeerRoutes:
 
     def apply(self, tenant: str, add: Iterable[str], remove: Iterable[str]) -> None:
         """Raises MeshProtocolError for a filter that is not one."""
+        if self.incoming is not None:
+            self.incoming.apply(tenant, add, remove)
+            return
         trie = self.tenants.get(tenant)
         if trie is None:
             trie = self.tenants[tenant] = TopicTrie()
@@ -429,7 +448,9 @@ class PeerRoutes:
 
     def wants(self, tenant: str, topic: str) -> bool:
         trie = self.tenants.get(tenant)
-        return trie is not None and bool(trie.match(topic))
+        if trie is not None and trie.match(topic):
+            return True
+        return self.incoming is not None and self.incoming.wants(tenant, topic)
 
 
 class Unacked:
@@ -501,6 +522,7 @@ __all__ = [
     "PING",
     "PUBLISH",
     "REFUSE",
+    "SYNCED",
     "WELCOME",
     "Dedup",
     "FrameBuffer",

@@ -285,6 +285,7 @@ class Mesh:
             self.dedup.run(node, run)
             for data in self.interest.snapshot():
                 link.send(data)
+            link.send(mesh.SYNCED_FRAME)
             log.info("link out to %s (%s) up", node, link.address)
             self._log("link_up", node, link.address, "out")
             self._set_state(link.address, UP)
@@ -323,6 +324,8 @@ class Mesh:
         elif kind == mesh.INTEREST:
             tenant, add, remove = mesh.parse_interest(body)
             self.routes[node].apply(tenant, add, remove)
+        elif kind == mesh.SYNCED:
+            self.routes[node].end()
         elif kind == mesh.ACK:
             self.unacked[node].ack(mesh.parse_ack(body))
         elif kind != mesh.PING:
@@ -363,8 +366,8 @@ class Mesh:
         link.up = True
         link.frames.max_frame = self.max_frame
         self.inbound[hello.node] = link
-        routes = self.routes.setdefault(hello.node, PeerRoutes())
-        routes.reset()  # the peer sends all it wants next
+        # The peer sends all it wants next; what it wanted before routes until that is here.
+        self.routes.setdefault(hello.node, PeerRoutes()).begin()
         unacked = self.unacked.setdefault(hello.node, Unacked())
         link.send(mesh.welcome(self.node_id, self.run))
         for data in unacked.frames.values():  # in seq order, before anything new

@@ -91,6 +91,37 @@ def test_a_broken_link_resends_what_was_not_acknowledged_once(
     assert b.call(lambda: _mesh(b).states) == {f"127.0.0.1:{a.port}": "up"}
 
 
+def test_publishes_before_a_new_links_filters_are_all_there_still_cross(
+    pair: tuple[RunningEdge, RunningEdge], make_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dialer's whole set of filters takes a while to arrive after a link is admitted
+    (here: forever); the origin routes by the filters the peer had until then."""
+    a, b = pair
+    sub = make_client("sub", port=b.port)
+    sub.subscribe("gap/#", qos=1)
+    pub = make_client("pub", port=a.port)
+    settle(pub, [sub], "gap/probe")
+
+    held = _mesh(b).interest.snapshot
+    b.call(lambda: setattr(_mesh(b).interest, "snapshot", list))  # tells nothing
+    monkeypatch.setattr(mesh, "SYNCED_FRAME", mesh.PING_FRAME)  # and never ends the set
+    _break_link(b)
+    _until(b, lambda: _mesh(b).states[f"127.0.0.1:{a.port}"] == "up")
+    _until(a, lambda: _mesh(a).routes["b"].incoming is not None)
+    for qos in (0, 1):
+        pub.publish("gap/x", f"q{qos}".encode(), qos=qos)
+    assert sorted(sub.get(timeout=SETTLE).payload for _ in range(2)) == [b"q0", b"q1"]
+
+    b.call(lambda: setattr(_mesh(b).interest, "snapshot", held))
+    monkeypatch.undo()
+    _break_link(b)
+    _until(a, lambda: _mesh(a).routes["b"].incoming is None)  # the set came whole this time
+    assert a.call(lambda: dict(_mesh(a).routes["b"].filters())) == {"default": ["gap/#"]}
+    pub.publish("gap/y", b"after", qos=1)
+    assert sub.get(timeout=SETTLE).payload == b"after"
+    sub.nothing_more()
+
+
 def test_an_impostor_at_a_peers_address_gets_no_proof_and_no_link(
     edge_settings: EdgeSettings,
 ) -> None:

@@ -184,6 +184,30 @@ def test_peer_routes_match_per_tenant() -> None:
         routes.apply("acme", ["a/#/b"], [])
 
 
+def test_a_new_links_set_replaces_the_filters_only_once_it_is_all_there() -> None:
+    routes = PeerRoutes()
+    routes.apply("acme", ["old/#", "kept/#"], [])
+    routes.begin()  # the peer dialed again: its whole set comes next
+    assert routes.wants("acme", "old/x")  # until it is all here, what it wanted routes
+    routes.apply("acme", ["kept/#", "new/#"], [])
+    assert routes.wants("acme", "new/x")
+    assert routes.wants("acme", "old/x")
+    assert routes.filters() == {"acme": ["kept/#", "old/#"]}
+    routes.end()
+    assert routes.filters() == {"acme": ["kept/#", "new/#"]}
+    assert not routes.wants("acme", "old/x")
+    routes.apply("acme", [], ["kept/#"])  # changes after the set apply to it
+    assert routes.filters() == {"acme": ["new/#"]}
+    with pytest.raises(MeshProtocolError):
+        routes.end()  # no set was begun
+    routes.begin()
+    routes.begin()  # a link dropped before its set ended: the next one starts afresh
+    routes.apply("acme", ["other/#"], [])
+    routes.end()
+    assert routes.filters() == {"acme": ["other/#"]}
+    assert [kind for kind, _ in FrameBuffer(64).feed(mesh.SYNCED_FRAME)] == [mesh.SYNCED]
+
+
 def test_what_crosses() -> None:
     assert crosses("fleet/v1")
     assert crosses("$log/mqtt/connect")
