@@ -695,12 +695,15 @@ class Broker:
             self.outbox.deliver(deliveries)
         return seq
 
-    def deliver_remote(self, message: Message) -> None:
+    def deliver_remote(self, message: Message) -> bool:
         """A publish a peer accepted (broker_edge.mesh): to this node's sessions, counted in
-        their deliveries; not journaled (its origin did), never forwarded again."""
+        their deliveries; not journaled (its origin did), never forwarded again. True when a
+        persistent session took it at QoS 1/2 (only a snapshot makes that survive a crash)."""
         deliveries = self.router.route(message, None)
-        if deliveries is not None:
-            self.outbox.deliver(deliveries)
+        if deliveries is None:
+            return False
+        self.outbox.deliver(deliveries)
+        return any(qos and not session.clean for session, _, qos, _, _ in deliveries)
 
     def after_durable(self, seq: int, conn: Connection, packet_id: int, qos: int) -> None:
         def durable() -> None:

@@ -38,15 +38,32 @@ What crosses (:func:`crosses`): the tenants' own topics and the edge-made ``$log
 ``$counters/`` (they name their node); ``$SYS``, ``$control`` and ``$quota`` are each node's own.
 
 QoS: the seq of a crossing message is its journal seq at the origin (unique and increasing per
-node). QoS 1/2 messages stay in the peer's :class:`Unacked` (bounded) until the receiver acks
-them, and are sent again, in order, when the peer dials in again, so a link break loses none;
-the receiver drops what it has seen (:class:`Dedup`: the highest seq per origin and run, since
-an origin sends in seq order and a new run of it has nothing to send again). The peer's
-filters survive a break too: what matches them while the link is down waits for it in Unacked
-(QoS 0 does not). Not yet: the receiver acknowledges once a message is in its sessions (in
-memory), so if it crashes, what its offline sessions queued since its last snapshot is gone;
-and Unacked is the origin's memory, so a crashed origin sends nothing again (replaying its
-journal from each peer's acknowledged seq, forwarding QoS 1/2 once durable, is the next step).
+node, and never given out again once durable). A QoS 0 message crosses at once and is never
+sent again. A QoS 1/2 message crosses only once its journal record is durable (as its publisher
+is acknowledged only then): so a seq a peer has seen is never reused by a crash of the origin,
+and (origin node, seq) names one message for good. It stays in the peer's :class:`Unacked`
+(bounded) until the receiver acks it, and is sent again, in seq order, when the peer dials in
+again, so a link break loses none; the receiver drops what it has delivered already
+(:class:`Dedup`: the highest seq per origin, since an origin sends QoS 1/2 in seq order). The
+peer's filters survive a break too: what matches them while the link is down waits for it in
+Unacked.
+
+Restarts (the journal is the replication log). Each state snapshot of an edge (``store``) holds
+its :class:`MeshState`: per peer, the filters it holds and ``acked``, the highest seq at or
+below which the peer acknowledged every QoS 1/2 message it was due; and per origin, the highest
+seq delivered here. An origin that restarts (a crash included) takes its peers' filters back
+and rebuilds each peer's Unacked from its journal: every QoS 1/2 record after ``acked`` that
+matches them (what the peer had since is dropped by its Dedup; beyond Unacked's bound the
+oldest are given up and counted, as for a peer away too long). A snapshot follows within a
+second of a change of a peer's filters, so a crash can miss only what matched a filter told
+less than about a second before it. A receiver acknowledges a QoS 1/2 message at once when no
+persistent session took it (a clean session does not outlive a restart anyway), else only once
+a snapshot holding its sessions with the message in them, and its Dedup past it, is durable
+(:class:`AckGate`; the edge snapshots every second while acks wait): a receiver killed before
+that has not acknowledged it, so its origin sends it again and the restored Dedup, older than
+the message, lets it through. The WELCOME carries the origin's newest durable seq: a receiver
+whose Dedup is past it (the origin's journal started over) forgets that origin's seqs. Each
+end's promise is only as durable as its journal and snapshot (``edge.journal_fsync``).
 """
 
 from __future__ import annotations
@@ -67,7 +84,7 @@ from broker_edge.topics import InvalidTopic
 from broker_edge.trie import TopicTrie
 
 MAGIC = b"\x00EBMESH1"
-VERSION = 1
+VERSION = 2  # 2: QoS 1/2 seqs are durable at the origin (Dedup outlives a run)
 
 HELLO = 1
 WELCOME = 2
@@ -183,15 +200,18 @@ def auth(dialer_proof: str) -> bytes:
     return frame(AUTH, _json({"proof": dialer_proof}))
 
 
-def welcome(node: str, run: str) -> bytes:
-    """The answer to an admitted AUTH: this node, and this run of it (a random id per start:
-    a new run sends nothing an older one sent again, see :class:`Dedup`)."""
-    return frame(WELCOME, _json({"node": node, "run": run}))
+def welcome(node: str, durable_seq: int) -> bytes:
+    """The answer to an admitted AUTH: this node, and the newest seq of its journal that is
+    durable (a receiver that delivered a higher seq from it forgets it, see :class:`Dedup`)."""
+    return frame(WELCOME, _json({"node": node, "seq": durable_seq}))
 
 
-def parse_welcome(body: bytes) -> tuple[str, str]:
-    """(node, run) of a WELCOME."""
-    return node_of(body, "WELCOME"), _text(body, "WELCOME", "run")
+def parse_welcome(body: bytes) -> tuple[str, int]:
+    """(node, newest durable seq) of a WELCOME."""
+    seq = _doc(body, "WELCOME").get("seq")
+    if type(seq) is not int or seq < 0:
+        raise MeshProtocolError("WELCOME: bad seq")
+    return node_of(body, "WELCOME"), seq
 
 
 PING_FRAME = frame(PING, b"")
@@ -479,26 +499,37 @@ class Unacked:
             if data is not None:
                 self.bytes -= len(data)
 
+    def acked(self, upto: int) -> int:
+        """The highest seq at or below ``upto`` at or below which nothing waits here."""
+        for oldest in self.frames:
+            return min(oldest - 1, upto)
+        return upto
+
     def __len__(self) -> int:
         return len(self.frames)
 
 
 class Dedup:
-    """The highest seq delivered per origin: an origin sends in seq order, and sends again only
-    what was not acknowledged, so anything at or below it was delivered already. What is not
-    acknowledged is kept in memory, so a new run of the origin sends nothing again: its seqs
-    start over as far as this is concerned (:meth:`run`), whatever its journal did."""
+    """The highest QoS 1/2 seq delivered per origin: an origin sends those in seq order, and
+    sends again only what was not acknowledged, so anything at or below it was delivered
+    already. Seqs are the origin's durable journal seqs, so this outlives a restart of either
+    end (the receiver's is restored from its snapshot: :meth:`restore`)."""
 
     def __init__(self) -> None:
         self.last: dict[str, int] = {}
-        self.runs: dict[str, str] = {}
         self.dropped = 0
 
-    def run(self, origin: str, run: str) -> None:
-        """``origin`` said which run of it is at the other end of a link (WELCOME)."""
-        if self.runs.get(origin) != run:
-            self.runs[origin] = run
-            self.last.pop(origin, None)
+    def restore(self, delivered: dict[str, int]) -> None:
+        self.last = dict(delivered)
+
+    def origin_at(self, origin: str, durable_seq: int) -> bool:
+        """``origin`` says its journal's newest durable seq (WELCOME): if this delivered a
+        higher one, that journal started over (a new data dir): its seqs are forgotten. True
+        then."""
+        if self.last.get(origin, 0) <= durable_seq:
+            return False
+        del self.last[origin]
+        return True
 
     def fresh(self, origin: str, seq: int) -> bool:
         if seq <= self.last.get(origin, 0):
@@ -506,6 +537,121 @@ class Dedup:
             return False
         self.last[origin] = seq
         return True
+
+
+class AckGate:
+    """On a receiver: QoS 1/2 seqs delivered to persistent sessions (or delivered already) and
+    not yet acknowledged to their origin, until a snapshot holding them is durable."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, list[int]] = {}  # origin -> seqs, in the order they arrived
+
+    def hold(self, origin: str, seq: int) -> None:
+        self.held.setdefault(origin, []).append(seq)
+
+    def release(self, covered: dict[str, int]) -> dict[str, list[int]]:
+        """What a durable snapshot covers (its Dedup: the highest seq delivered per origin)
+        may be acknowledged now: those seqs per origin."""
+        released: dict[str, list[int]] = {}
+        for origin, seqs in list(self.held.items()):
+            upto = covered.get(origin, 0)
+            done = [seq for seq in seqs if seq <= upto]
+            if not done:
+                continue
+            released[origin] = done
+            rest = [seq for seq in seqs if seq > upto]
+            if rest:
+                self.held[origin] = rest
+            else:
+                del self.held[origin]
+        return released
+
+    def __bool__(self) -> bool:
+        return bool(self.held)
+
+
+class MeshStateError(EdgeError):
+    """A snapshot's mesh state is not one (the snapshot is corrupt)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PeerState:
+    """What an origin keeps of one peer across its restarts: every QoS 1/2 message at or below
+    ``acked`` the peer was due is acknowledged; ``filters``: per tenant, what it wanted."""
+
+    acked: int
+    filters: dict[str, list[str]]
+
+    def routes(self) -> PeerRoutes:
+        """The filters as the routes of the peer (MeshStateError for a bad one)."""
+        routes = PeerRoutes()
+        for tenant, filters in self.filters.items():
+            try:
+                routes.apply(tenant, filters, ())
+            except MeshProtocolError as exc:
+                raise MeshStateError(str(exc)) from exc
+        return routes
+
+
+@dataclass(frozen=True, slots=True)
+class MeshState:
+    """One edge's mesh state in its snapshot (see the theory of operation): its peers as an
+    origin, and as a receiver the highest seq delivered per origin."""
+
+    peers: dict[str, PeerState]
+    delivered: dict[str, int]
+
+    def doc(self) -> dict[str, object]:
+        peers = {
+            node: {"acked": peer.acked, "filters": peer.filters}
+            for node, peer in sorted(self.peers.items())
+        }
+        return {"peers": peers, "delivered": dict(sorted(self.delivered.items()))}
+
+    @classmethod
+    def of(cls, doc: object) -> MeshState:
+        """The state a snapshot holds (an empty one for a snapshot without any)."""
+        if doc is None:
+            return cls({}, {})
+        if not isinstance(doc, dict):
+            raise MeshStateError("mesh: not an object")
+        peers = doc.get("peers", {})
+        delivered = doc.get("delivered", {})
+        if not isinstance(peers, dict) or not isinstance(delivered, dict):
+            raise MeshStateError("mesh: peers and delivered must be objects")
+        return cls({str(n): _peer_state(n, p) for n, p in peers.items()}, _seqs(delivered))
+
+    def floor(self) -> int | None:
+        """Where the journal must be read from to rebuild every peer's Unacked (None: no
+        peer)."""
+        return min((peer.acked for peer in self.peers.values()), default=None)
+
+
+def _peer_state(node: object, doc: object) -> PeerState:
+    if not isinstance(doc, dict):
+        raise MeshStateError(f"mesh: peer {node!r}: not an object")
+    acked = doc.get("acked")
+    filters = doc.get("filters")
+    if (
+        type(acked) is not int
+        or acked < 0
+        or not isinstance(filters, dict)
+        or not all(
+            isinstance(held, list) and all(isinstance(f, str) for f in held)
+            for held in filters.values()
+        )
+    ):
+        raise MeshStateError(f"mesh: peer {node!r}: expected acked (a seq) and filters")
+    return PeerState(acked, {str(tenant): list(held) for tenant, held in filters.items()})
+
+
+def _seqs(doc: dict[object, object]) -> dict[str, int]:
+    seqs: dict[str, int] = {}
+    for origin, seq in doc.items():
+        if type(seq) is not int or seq < 0:
+            raise MeshStateError(f"mesh: delivered from {origin!r}: not a seq")
+        seqs[str(origin)] = seq
+    return seqs
 
 
 def _nothing() -> None:
@@ -524,11 +670,15 @@ __all__ = [
     "REFUSE",
     "SYNCED",
     "WELCOME",
+    "AckGate",
     "Dedup",
     "FrameBuffer",
     "Interest",
     "MeshProtocolError",
+    "MeshState",
+    "MeshStateError",
     "PeerRoutes",
+    "PeerState",
     "Unacked",
     "crosses",
     "frame",

@@ -3,8 +3,11 @@
 The protocol, the routing state and why it is shaped so are in :mod:`broker_edge.mesh` (pure).
 Here: one :class:`Link` per TCP connection (dialed by this edge, or handed over by the listener
 when a connection opens with the link magic), and :class:`Mesh`, which owns them and talks to
-the broker: it forwards the node's publishes (``Broker.mesh.forward``), delivers the peers'
-(``Broker.deliver_remote``), tells the peers what this node's sessions want, publishes
+the broker: it forwards the node's publishes (``Broker.mesh.forward``; QoS 1/2 once their
+journal record is durable), delivers the peers' (``Broker.deliver_remote``), acknowledges them
+when the node's snapshots hold them (:meth:`Mesh.covered`), tells the peers what this node's
+sessions want, rebuilds what its peers had not acknowledged from the journal when the node
+starts (:meth:`Mesh.restore`, :meth:`Mesh.replay`), publishes
 ``link_up`` / ``link_down`` / ``link_refused`` in the operator's ``$log`` and keeps each peer's
 state for ``$SYS/broker/mesh/peers/{HOST:PORT}``.
 
@@ -18,14 +21,24 @@ import asyncio
 import contextlib
 import logging
 import random
-import secrets
 import typing
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from broker_edge import mesh
 from broker_edge.logtext import printable, truncated
-from broker_edge.mesh import Dedup, FrameBuffer, Interest, MeshProtocolError, PeerRoutes, Unacked
+from broker_edge.mesh import (
+    AckGate,
+    Dedup,
+    FrameBuffer,
+    Interest,
+    MeshProtocolError,
+    MeshState,
+    PeerRoutes,
+    PeerState,
+    Unacked,
+)
 from broker_edge.message import Message
 from broker_edge.settings import EdgeSettings
 from broker_edge.tenants import OPERATOR_TENANT
@@ -168,7 +181,8 @@ class Mesh:
         self.max_frame = settings.max_packet_size + 2**18
         self.connect_timeout = settings.connect_timeout
         self.high_water = settings.write_buffer_high_water * 4
-        self.run = secrets.token_hex(8)  # this run of the node (see mesh.Dedup)
+        # Set by the node: the newest durable seq of its journal (told in WELCOME).
+        self.durable_seq: Callable[[], int] = _zero
         self.interest = Interest()
         self.interest.on_change = self.want_flush
         # By peer node, on the origin's side: what it wants, what it has not acknowledged.
@@ -178,7 +192,15 @@ class Mesh:
         self.outbound: dict[str, Link] = {}  # the links this edge dialed, by address
         self.states: dict[str, str] = {f"{h}:{p}": CONNECTING for h, p in self.addresses}
         self.inbound_states: dict[str, str] = {}  # the links peers dialed, by their node
+        # QoS 1/2 publishes for peers waiting for their journal record to be durable, by seq.
+        self.pending: deque[int] = deque()
         self.dedup = Dedup()
+        self.gate = AckGate()  # on the receiver's side: acks waiting for a durable snapshot
+        # A peer's filters changed since the last snapshot (the node snapshots soon).
+        self.filters_changed = False
+        # While the node restores: the journal records after these seqs are each peer's due.
+        self._replay_after: dict[str, int] = {}
+        self.replayed = 0  # QoS 1/2 messages taken back from the journal for peers at start
         self.forwarded = 0  # frames of publishes sent to peers
         self.received = 0  # publishes from peers delivered here
         self.congested = 0  # QoS 0 publishes not sent to a peer whose link was backed up
@@ -266,23 +288,24 @@ class Mesh:
         if kind == mesh.PING and link.up:
             pass  # heard: that is all
         elif kind == mesh.PUBLISH and link.up:
-            message = mesh.parse_publish(body)
             assert link.node is not None
-            if self.dedup.fresh(link.node, message.seq):
-                self.received += 1
-                self.broker.deliver_remote(message)
-            if message.qos:
-                link.acks.append(message.seq)
+            self._received(link, link.node, mesh.parse_publish(body))
         elif kind == mesh.CHALLENGE and link.proven is None and not link.up:
             self._answer(link, *mesh.parse_challenge(body))
         elif kind == mesh.WELCOME and link.proven is not None and not link.up:
-            node, run = mesh.parse_welcome(body)
+            node, durable_seq = mesh.parse_welcome(body)
             if node != link.proven:
                 raise MeshProtocolError(f"WELCOME from {node!r}, not {link.proven!r}")
             link.node = node
             link.up = True
             link.frames.max_frame = self.max_frame
-            self.dedup.run(node, run)
+            if self.dedup.origin_at(node, durable_seq):
+                log.warning(
+                    "link out to %s: its journal ends at seq %d, before what it sent here: "
+                    "it started over, its seqs are taken as new",
+                    node,
+                    durable_seq,
+                )
             for data in self.interest.snapshot():
                 link.send(data)
             link.send(mesh.SYNCED_FRAME)
@@ -295,6 +318,22 @@ class Mesh:
             link.close()
         else:
             raise MeshProtocolError(f"unexpected frame kind {kind}")
+
+    def _received(self, link: Link, origin: str, message: Message) -> None:
+        """A peer's publish: to this node's sessions unless delivered already; a QoS 1/2 one
+        acknowledged now, or once a snapshot holds it if a persistent session took it."""
+        if not message.qos:
+            self.received += 1
+            self.broker.deliver_remote(message)
+            return
+        kept = True  # a duplicate: what took it may not be in a durable snapshot yet
+        if self.dedup.fresh(origin, message.seq):
+            self.received += 1
+            kept = self.broker.deliver_remote(message)
+        if kept:
+            self.gate.hold(origin, message.seq)
+        else:
+            link.acks.append(message.seq)
 
     def _answer(self, link: Link, node: str, nonce: str, proof: str) -> None:
         """The dialed edge's CHALLENGE: check its proof, then prove ours (AUTH)."""
@@ -324,8 +363,10 @@ class Mesh:
         elif kind == mesh.INTEREST:
             tenant, add, remove = mesh.parse_interest(body)
             self.routes[node].apply(tenant, add, remove)
+            self.filters_changed = True
         elif kind == mesh.SYNCED:
             self.routes[node].end()
+            self.filters_changed = True
         elif kind == mesh.ACK:
             self.unacked[node].ack(mesh.parse_ack(body))
         elif kind != mesh.PING:
@@ -369,7 +410,7 @@ class Mesh:
         # The peer sends all it wants next; what it wanted before routes until that is here.
         self.routes.setdefault(hello.node, PeerRoutes()).begin()
         unacked = self.unacked.setdefault(hello.node, Unacked())
-        link.send(mesh.welcome(self.node_id, self.run))
+        link.send(mesh.welcome(self.node_id, self.durable_seq()))
         for data in unacked.frames.values():  # in seq order, before anything new
             link.send(data)
         self.inbound_states[hello.node] = UP
@@ -387,26 +428,98 @@ class Mesh:
     # -- what the broker calls -----------------------------------------------------------------
 
     def forward(self, message: Message) -> None:
-        """A publish accepted on this node: once to each peer that wants it."""
+        """A publish accepted on this node: once to each peer that wants it (QoS 1/2 once its
+        journal record is durable, see the theory of operation in broker_edge.mesh)."""
         topic = message.topic
         if topic[0] == "$" and not topic.startswith(mesh.CROSSING_PREFIXES):
             return
+        if message.qos:
+            nodes = [n for n, r in self.routes.items() if r.wants(message.tenant, topic)]
+            if nodes:
+                self._when_durable(message, nodes)
+            return
         data = None
         for node, routes in self.routes.items():
-            if not routes.wants(message.tenant, topic):
+            link = self.inbound.get(node)
+            if link is None or not routes.wants(message.tenant, topic):
+                continue
+            if link.congested():
+                self.congested += 1
                 continue
             if data is None:
                 data = mesh.publish_frame(message)
-            if message.qos:
-                self.unacked[node].add(message.seq, data)
+            link.send(data)
+            self.forwarded += 1
+
+    def _when_durable(self, message: Message, nodes: list[str]) -> None:
+        seq = message.seq
+        data = mesh.publish_frame(message)
+        self.pending.append(seq)
+        # Refused: the journal dropped it and gives its seq out again (never sent, then).
+        self.broker.journal.after_durable(
+            seq, lambda: self._durable(seq, data, nodes), self.pending.clear
+        )
+
+    def _durable(self, seq: int, data: bytes, nodes: list[str]) -> None:
+        """A QoS 1/2 publish for ``nodes`` is durable: kept for them, sent to those linked."""
+        pending = self.pending
+        if pending and pending[0] == seq:
+            pending.popleft()
+        for node in nodes:
+            self.unacked[node].add(seq, data)
             link = self.inbound.get(node)
-            if link is None:
-                continue
-            if message.qos or not link.congested():
+            if link is not None:
                 link.send(data)
                 self.forwarded += 1
-            else:
-                self.congested += 1
+
+    def covered(self, delivered: dict[str, int]) -> None:
+        """A snapshot holding what was delivered from each origin up to ``delivered`` is
+        durable: acknowledge what waited for it (on the origin's link, if it is up; if not,
+        the origin sends it again and it is acknowledged then)."""
+        released = self.gate.release(delivered)
+        if not released:
+            return
+        for link in self.outbound.values():
+            if link.up and link.node in released:
+                link.send(mesh.ack_frame(released[link.node]))
+
+    # -- across restarts (see broker_edge.mesh: "Restarts") ------------------------------------
+
+    def state(self, snapshot_seq: int) -> MeshState:
+        """What a snapshot of the node's state up to journal record ``snapshot_seq`` holds."""
+        self.filters_changed = False
+        upto = snapshot_seq if not self.pending else min(snapshot_seq, self.pending[0] - 1)
+        peers = {
+            node: PeerState(self.unacked[node].acked(upto), routes.filters())
+            for node, routes in self.routes.items()
+        }
+        return MeshState(peers, dict(self.dedup.last))
+
+    def restore(self, state: MeshState) -> None:
+        """Before the journal is replayed (:meth:`replay`): the peers' filters and what each
+        acknowledged, this node's Dedup as a receiver."""
+        self.dedup.restore(state.delivered)
+        for node, peer in state.peers.items():
+            self.routes[node] = peer.routes()
+            self.unacked[node] = Unacked()
+            self._replay_after[node] = peer.acked
+
+    def replay(self, message: Message) -> None:
+        """A journal record at restore: kept for each peer that wants it and had not
+        acknowledged it (sent when the peer links)."""
+        if not message.qos or not mesh.crosses(message.topic):
+            return
+        data = None
+        for node, after in self._replay_after.items():
+            if message.seq > after and self.routes[node].wants(message.tenant, message.topic):
+                if data is None:
+                    data = mesh.publish_frame(message)
+                self.unacked[node].add(message.seq, data)
+                self.replayed += 1
+
+    def replayed_all(self) -> None:
+        """The journal was replayed to its end."""
+        self._replay_after.clear()
 
     def sys_values(self) -> tuple[tuple[str, str], ...]:
         """Each configured peer's link state by HOST:PORT (the link this edge dials), each
@@ -417,6 +530,7 @@ class Mesh:
             ("publish/forwarded", str(self.forwarded)),
             ("publish/received", str(self.received)),
             ("publish/duplicates", str(self.dedup.dropped)),
+            ("publish/replayed", str(self.replayed)),
             ("publish/congested", str(self.congested)),
             ("publish/unacked", str(sum(len(u) for u in self.unacked.values()))),
             ("publish/unacked_dropped", str(sum(u.dropped for u in self.unacked.values()))),
@@ -455,3 +569,7 @@ class Mesh:
 
 def _nothing() -> None:
     pass
+
+
+def _zero() -> int:
+    return 0

@@ -24,6 +24,7 @@ from broker_edge.durability import GroupCommitter, JournalStatus
 from broker_edge.errors import ConfigError
 from broker_edge.http_api import HttpApi, HttpServer, check_exposure
 from broker_edge.listener import MqttProtocol
+from broker_edge.mesh import MeshState
 from broker_edge.meshlink import Mesh
 from broker_edge.message import Message
 from broker_edge.metrics import Snapshot, exposition
@@ -133,8 +134,8 @@ class EdgeNode:
         committer.on_state = broker.journal_status_changed
         broker.on_journal_status = self._journal_status_changed
         self.broker = broker
-        mesh = self._make_mesh(broker, linked)
-        await self._restore(broker, writer.next_seq - 1)
+        mesh = self._make_mesh(broker, committer, linked)
+        await self._restore(broker, mesh, writer.next_seq - 1)
         # Changes to persistent sessions from now on: durable before their CONNACK/SUBACK.
         session_log = sessionlog.SessionLog(self.state_dir, fsync=settings.journal_fsync)
         self._session_log = broker.session_log = session_log
@@ -233,9 +234,10 @@ class EdgeNode:
         broker.log(OPERATOR_TENANT, "tls_handshake_failed", "", details, origin="tls")
         broker.flush_dirty()
 
-    def _make_mesh(self, broker: Broker, linked: bool) -> Mesh:
+    def _make_mesh(self, broker: Broker, committer: GroupCommitter, linked: bool) -> Mesh:
         """The edge's links (started once it serves): forwarding only when it has a token."""
         mesh = self.mesh = Mesh(broker, self.settings, self._link_token)
+        mesh.durable_seq = lambda: committer.durable_seq
         broker.link_acceptor = mesh.accept  # refuses every link while there is no token
         if linked:
             broker.mesh = mesh
@@ -250,8 +252,9 @@ class EdgeNode:
     def snapshot_path(self) -> Path:
         return self.state_dir / store.SNAPSHOT_NAME
 
-    async def _restore(self, broker: Broker, last_seq: int) -> None:
-        """Snapshot, then the journal after it: persistent sessions and retained messages."""
+    async def _restore(self, broker: Broker, mesh: Mesh, last_seq: int) -> None:
+        """Snapshot, then the journal after it: persistent sessions and retained messages; and
+        from what each peer had acknowledged, what it had not (broker_edge.mesh: "Restarts")."""
         loop = asyncio.get_running_loop()
         settings = self.settings
         snapshot = await loop.run_in_executor(
@@ -265,10 +268,14 @@ class EdgeNode:
         )
         after = 0
         log_since = 0
+        mesh_from = None
         if snapshot is not None:
             broker.restore(snapshot.sessions, snapshot.retained)
             after = min(snapshot.journal_seq, last_seq)
             log_since = snapshot.session_log
+            mesh_state = MeshState.of(snapshot.mesh)
+            mesh.restore(mesh_state)
+            mesh_from = mesh_state.floor()
         now = loop.time()
         # Session changes after the snapshot, interleaved with the journal by seq: a record
         # made after journal record s is applied before record s + 1 is routed.
@@ -278,26 +285,36 @@ class EdgeNode:
         pending = iter(changes)
         change = next(pending, None)
         replayed = 0
-        if last_seq > after:
-            reader = JournalReader(settings.journal_root / settings.node_id)
-            for row in reader.read_records(after, last_seq):  # without pyarrow (issue 9)
+        reader = JournalReader(settings.journal_root / settings.node_id)
+        start = after if mesh_from is None else min(after, mesh_from)
+        start = _available(reader, start, after)
+        if last_seq > start:
+            for row in reader.read_records(start, last_seq):  # without pyarrow (issue 9)
+                message = _message_from_row(row)
+                mesh.replay(message)
+                if message.seq <= after:
+                    continue  # before the snapshot: only peers may still be due it
                 while change is not None and change["seq"] < row["seq"]:
                     broker.apply_session_record(change, now)
                     change = next(pending, None)
-                broker.replay(_message_from_row(row))
+                broker.replay(message)
                 replayed += 1
+        mesh.replayed_all()
         while change is not None:
             broker.apply_session_record(change, now)
             change = next(pending, None)
         self._snapshot_seq = last_seq
         log.info(
             "restored %d persistent session(s), %d retained message(s); replayed %d journal "
-            "record(s) after seq %d and %d session change(s)",
+            "record(s) after seq %d and %d session change(s); %d QoS 1/2 message(s) for peers "
+            "from seq %d",
             len(broker.persistent_sessions()),
             len(broker.retained_messages()),
             replayed,
             after,
             len(changes),
+            mesh.replayed,
+            start,
         )
 
     async def _snapshot_loop(self) -> None:
@@ -313,7 +330,9 @@ class EdgeNode:
         while True:
             await asyncio.sleep(HOUSEKEEPING_INTERVAL)
             stale = committer.appended_seq > self._snapshot_seq and loop.time() - last >= interval
-            if broker.state_changed or stale:
+            # A peer's filters changed, or acks wait for a snapshot (broker_edge.mesh).
+            mesh = self.mesh is not None and (self.mesh.filters_changed or bool(self.mesh.gate))
+            if broker.state_changed or stale or mesh:
                 await self._snapshot()
                 last = loop.time()
 
@@ -333,7 +352,14 @@ class EdgeNode:
         # ones are in this snapshot and deleted once it is durable.
         session_log = self._session_log
         generation = session_log.rotate() if session_log is not None else 0
-        data = store.encode(seq, broker.persistent_sessions(), retained, generation)
+        mesh = self.mesh.state(seq) if self.mesh is not None else None
+        data = store.encode(
+            seq,
+            broker.persistent_sessions(),
+            retained,
+            generation,
+            mesh.doc() if mesh is not None else None,
+        )
         while (
             committer.durable_seq < seq
             and committer.failure is None
@@ -351,6 +377,8 @@ class EdgeNode:
         self._snapshot_seq = seq
         if session_log is not None:
             session_log.forget_before(generation)
+        if mesh is not None and self.mesh is not None:
+            self.mesh.covered(mesh.delivered)  # what it holds may be acknowledged now
 
     def reload_tenants(self) -> None:
         """SIGHUP: read the tenants file again; connections stay up (see Broker.reload_tenants)."""
@@ -524,6 +552,21 @@ def _message_from_row(row: dict[str, Any]) -> Message:
         props,
         row["seq"],
     )
+
+
+def _available(reader: JournalReader, start: int, after: int) -> int:
+    """Where the journal can be read from for a restore from ``start``: records retention
+    removed are gone (peers due them do not get them: logged), those after ``after`` are
+    never removed before a snapshot covers them."""
+    oldest = reader.first_seq()
+    if oldest is None or start + 1 >= oldest or start >= after:
+        return start
+    log.warning(
+        "journal records %d..%d were removed: peers that had not acknowledged them never get them",
+        start + 1,
+        oldest - 1,
+    )
+    return min(oldest - 1, after)
 
 
 def _linked(settings: EdgeSettings, operator_token: str | None) -> bool:

@@ -18,6 +18,10 @@ the (all offline) persistent sessions whose subscriptions match, which queues it
   (:mod:`broker_edge.sessionlog`), synced before their CONNACK or SUBACK is sent and applied in
   journal order; the node also snapshots within a second of such a change, to keep it short.
 
+A snapshot also holds the edge mesh's state (:class:`broker_edge.mesh.MeshState`: what each
+peer acknowledged and wants, what was delivered here from each origin), which the node gives
+the mesh back before the journal is replayed.
+
 Snapshots are written atomically (temporary file, fsync, rename, fsync of the directory); a
 snapshot that cannot be read is an error naming the file, never silently ignored. The journal
 keeps content type and user properties of a message; other MQTT 5 properties of messages
@@ -55,12 +59,18 @@ class Snapshot:
     retained: list[Message]
     # The first session log generation written after this state (broker_edge.sessionlog).
     session_log: int = 0
+    # The edge mesh's state (broker_edge.mesh.MeshState.doc), None in a snapshot without one.
+    mesh: object = None
 
 
 def encode(
-    journal_seq: int, sessions: list[Session], retained: list[Message], session_log: int = 0
+    journal_seq: int,
+    sessions: list[Session],
+    retained: list[Message],
+    session_log: int = 0,
+    mesh: dict[str, object] | None = None,
 ) -> bytes:
-    doc = {
+    doc: dict[str, object] = {
         "version": FORMAT_VERSION,
         "journal_seq": journal_seq,
         "session_log": session_log,
@@ -68,6 +78,8 @@ def encode(
         "sessions": [_session_doc(s) for s in sessions],
         "retained": [_message_doc(m) for m in retained],
     }
+    if mesh is not None:
+        doc["mesh"] = mesh
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
@@ -120,7 +132,13 @@ def load(path: Path, *, max_queued: int, max_inflight: int, now: float) -> Snaps
             _session_from(d, max_queued, max_inflight, now - offline_for) for d in doc["sessions"]
         ]
         retained = [_message_from(d) for d in doc["retained"]]
-        return Snapshot(int(doc["journal_seq"]), sessions, retained, int(doc.get("session_log", 0)))
+        return Snapshot(
+            int(doc["journal_seq"]),
+            sessions,
+            retained,
+            int(doc.get("session_log", 0)),
+            doc.get("mesh"),
+        )
     except (ValueError, KeyError, TypeError) as exc:
         raise StateStoreError(f"{path}: snapshot is corrupt: {exc!r}") from exc
 

@@ -81,6 +81,13 @@ class EdgeProcess:
             self.ports[kind] = int(line.rsplit(":", 1)[1])
         return self
 
+    def kill(self) -> None:
+        """SIGKILL: the edge dies at once, nothing flushed or snapshotted."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(30)
+        self.proc = None
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()

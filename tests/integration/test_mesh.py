@@ -1,6 +1,5 @@
-"""The edge mesh (issue 11): three real ``edgebus edge`` processes linked as one bus, stock paho
-clients on each. Each edge is first started on port 0 to learn its ports, then started again on
-them with the others as ``--peer``s (in its config file)."""
+"""The edge mesh (issue 11): three real ``edgebus edge`` processes linked as one bus
+(tests.helpers.mesh_edges), stock paho clients on each."""
 
 from __future__ import annotations
 
@@ -17,87 +16,24 @@ import pytest
 
 from broker_edge import mesh
 from ingest.journal import JournalReader
-from tests.helpers.edge_process import OPERATOR_TOKEN, TENANT_TOKEN, EdgeProcess
-from tests.helpers.edge_process import TENANTS as EDGE_TENANTS
+from tests.helpers.edge_process import TENANT_TOKEN, EdgeProcess
 from tests.helpers.mesh_clients import SETTLE, settle
+from tests.helpers.mesh_edges import (
+    GLOBEX,
+    meshed,
+    peer_states,
+    sys_values,
+    wait_links_up,
+)
 from tests.integration.conftest import RunningEdge
 
-OPERATOR = OPERATOR_TOKEN
 ACME = TENANT_TOKEN
-GLOBEX = "globex-1"
-# The helper's operator and tenant acme, and a second tenant.
-TENANTS = EDGE_TENANTS + f'\n[tenants.globex]\ntokens = ["{GLOBEX}"]\n'
-NODES = ("edge-a", "edge-b", "edge-c")
-
-
-def _config(path: Path, peers: list[str]) -> Path:
-    listed = ", ".join(f'"{peer}"' for peer in peers)
-    path.write_text(f"[edge]\ncounter_interval = 60.0\nsys_interval = 1.0\npeers = [{listed}]\n")
-    return path
-
-
-def start_mesh(root: Path) -> list[EdgeProcess]:
-    tenants = root / "tenants.toml"
-    tenants.write_text(TENANTS)
-    edges = []
-    for node in NODES:
-        edge = EdgeProcess(
-            root / "edges" / node, node, tenants, root / f"{node}.log", config=None
-        ).start()
-        edge.stop()  # its ports are known now
-        edges.append(edge)
-    addresses = {edge.node: f"127.0.0.1:{edge.mqtt_port}" for edge in edges}
-    for edge in edges:
-        peers = [address for node, address in addresses.items() if node != edge.node]
-        edge.config = _config(root / f"{edge.node}.toml", peers)
-        edge.start()
-    for edge in edges:
-        wait_links_up(edge)
-    return edges
-
-
-def sys_values(
-    port: int, topic_filter: str, wanted: Any, timeout: float = SETTLE
-) -> dict[str, str]:
-    """The retained ``$SYS`` values under ``topic_filter`` once ``wanted(values)`` holds."""
-    got: queue.Queue[tuple[str, str]] = queue.Queue()
-    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"sys-{time.monotonic()}")
-    client.username_pw_set(OPERATOR)
-    client.on_message = lambda c, u, m: got.put((m.topic, m.payload.decode()))
-    client.connect("127.0.0.1", port)
-    client.loop_start()
-    values: dict[str, str] = {}
-    try:
-        client.subscribe(topic_filter)
-        deadline = time.monotonic() + timeout
-        while not wanted(values):
-            topic, text = got.get(timeout=max(0.01, deadline - time.monotonic()))
-            values[topic] = text
-        return values
-    finally:
-        client.loop_stop()
-        client.disconnect()
-
-
-def peer_states(values: dict[str, str]) -> dict[str, str]:
-    prefix = "$SYS/broker/mesh/peers/"
-    return {t[len(prefix) :]: v for t, v in values.items() if t.startswith(prefix)}
-
-
-def wait_links_up(edge: EdgeProcess) -> dict[str, str]:
-    def up(values: dict[str, str]) -> bool:
-        states = peer_states(values)
-        return len(states) == len(NODES) - 1 and set(states.values()) == {"up"}
-
-    return peer_states(sys_values(edge.mqtt_port, "$SYS/broker/mesh/peers/#", up))
 
 
 @pytest.fixture(scope="module")
 def edges(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[EdgeProcess]]:
-    started = start_mesh(tmp_path_factory.mktemp("mesh"))
-    yield started
-    for edge in started:
-        edge.stop()
+    with meshed(tmp_path_factory.mktemp("mesh")) as started:
+        yield started
 
 
 def journal_rows(edge: EdgeProcess) -> list[dict[str, Any]]:

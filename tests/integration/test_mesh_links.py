@@ -69,13 +69,16 @@ def test_a_broken_link_resends_what_was_not_acknowledged_once(
 
     # b gets these and acknowledges them, but a never hears the acks: after the break a sends
     # them again, and b drops them by (origin, seq).
+    unheard: list[int] = []
+
     def deaf() -> None:
-        _mesh(a).unacked["b"].ack = lambda seqs: None  # type: ignore[method-assign]
+        _mesh(a).unacked["b"].ack = unheard.extend  # type: ignore[method-assign]
 
     a.call(deaf)
     for i in range(3):
         pub.publish("brk/x", f"m{i}".encode(), qos=1)
     assert [sub.get().payload for _ in range(3)] == [b"m0", b"m1", b"m2"]
+    _until(a, lambda: len(unheard) == 3)  # no ack of them comes on this link any more
     a.call(lambda: delattr(_mesh(a).unacked["b"], "ack"))
     _break_link(b)
     _until(b, lambda: _mesh(b).dedup.dropped == 3)

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from broker_edge import mesh
 from broker_edge.mesh import (
+    AckGate,
     Dedup,
     FrameBuffer,
     Interest,
     MeshProtocolError,
+    MeshState,
+    MeshStateError,
     PeerRoutes,
+    PeerState,
     Unacked,
     crosses,
 )
@@ -218,32 +224,96 @@ def test_what_crosses() -> None:
 
 def test_unacked_is_bounded_and_acked_in_any_order() -> None:
     unacked = Unacked(limit=3, limit_bytes=100)
+    assert unacked.acked(7) == 7  # nothing waits: all up to there is acknowledged
     for seq in range(1, 6):
         unacked.add(seq, b"x" * 10)
     assert list(unacked.frames) == [3, 4, 5]
     assert unacked.dropped == 2
+    assert unacked.acked(9) == 2  # the given-up ones wait no more
     unacked.ack([4, 99])
     assert list(unacked.frames) == [3, 5]
     assert unacked.bytes == 20
+    unacked.ack([3])
+    assert (unacked.acked(9), unacked.acked(4)) == (4, 4)
     unacked.add(6, b"y" * 95)  # over the byte bound: the oldest go
     assert list(unacked.frames) == [6]
 
 
-def test_dedup_drops_what_an_origin_sent_again() -> None:
+def test_dedup_drops_what_an_origin_sent_again_across_restarts_of_either_end() -> None:
     dedup = Dedup()
-    dedup.run("a", "run-1")
     assert [dedup.fresh("a", s) for s in (1, 3, 3, 2, 4)] == [True, True, False, False, True]
     assert dedup.fresh("b", 1)
     assert dedup.dropped == 2
-    dedup.run("a", "run-1")  # the same run linked again: what it sends again is dropped
-    assert not dedup.fresh("a", 4)
-    dedup.run("a", "run-2")  # a new run (its journal may have started over) sends nothing again
+    assert not dedup.origin_at("a", 10)  # a restarted origin: its journal goes on
+    assert not dedup.fresh("a", 4)  # what it sends again is dropped
+    restored = Dedup()  # a restarted receiver, from its snapshot
+    restored.restore({"a": 3})
+    assert [restored.fresh("a", s) for s in (2, 3, 4)] == [False, False, True]
+    assert dedup.origin_at("a", 2)  # its journal ends before what it sent: it started over
     assert dedup.fresh("a", 1)
+    assert dedup.last == {"a": 1, "b": 1}
 
 
-def test_welcome_names_the_node_and_its_run() -> None:
-    [(kind, body)] = FrameBuffer(4096).feed(mesh.welcome("edge-b", "r1"))
+def test_welcome_names_the_node_and_its_durable_seq() -> None:
+    [(kind, body)] = FrameBuffer(4096).feed(mesh.welcome("edge-b", 17))
     assert kind == mesh.WELCOME
-    assert mesh.parse_welcome(body) == ("edge-b", "r1")
-    with pytest.raises(MeshProtocolError):
-        mesh.parse_welcome(b'{"node": "edge-b"}')
+    assert mesh.parse_welcome(body) == ("edge-b", 17)
+    for bad in (
+        b'{"node": "edge-b"}',
+        b'{"node": "edge-b", "seq": -1}',
+        b'{"node": "b", "seq": "1"}',
+    ):
+        with pytest.raises(MeshProtocolError):
+            mesh.parse_welcome(bad)
+
+
+def test_the_ack_gate_releases_what_a_durable_snapshot_covers() -> None:
+    gate = AckGate()
+    assert not gate
+    for seq in (5, 7, 9):
+        gate.hold("a", seq)
+    gate.hold("b", 2)
+    assert gate.release({"a": 7}) == {"a": [5, 7]}
+    assert gate.release({"a": 7}) == {}  # each acknowledged once
+    assert gate
+    assert gate.release({"a": 9, "b": 3, "c": 1}) == {"a": [9], "b": [2]}
+    assert not gate
+
+
+def test_mesh_state_round_trips_and_rebuilds_routes() -> None:
+    state = MeshState(
+        {"edge-b": PeerState(41, {"acme": ["fleet/#", "$log/#"]}), "edge-c": PeerState(7, {})},
+        {"edge-b": 12},
+    )
+    doc = json.loads(json.dumps(state.doc()))
+    assert MeshState.of(doc) == state
+    assert state.floor() == 7
+    routes = MeshState.of(doc).peers["edge-b"].routes()
+    assert routes.wants("acme", "fleet/v1")
+    assert routes.wants("acme", "$log/mqtt/connect")
+    assert not routes.wants("globex", "fleet/v1")
+    assert MeshState.of(None) == MeshState({}, {})
+    assert MeshState.of(None).floor() is None
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        [],
+        {"peers": []},
+        {"peers": {"b": {"acked": -1, "filters": {}}}},
+        {"peers": {"b": {"acked": 1, "filters": {"acme": "fleet/#"}}}},
+        {"peers": {"b": {"acked": True, "filters": {}}}},
+        {"delivered": {"b": "3"}},
+    ],
+)
+def test_a_bad_mesh_state_is_an_error(doc: object) -> None:
+    with pytest.raises(MeshStateError):
+        MeshState.of(doc)
+
+
+def test_a_bad_filter_in_a_mesh_state_is_an_error() -> None:
+    with pytest.raises(MeshStateError):
+        MeshState.of({"peers": {"b": {"acked": 1, "filters": {"acme": ["a/#/b"]}}}}).peers[
+            "b"
+        ].routes()

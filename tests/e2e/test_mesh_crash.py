@@ -1,0 +1,194 @@
+"""QoS 1 across the edge mesh survives a SIGKILL of either edge (issue 11): three real
+``edgebus edge`` processes meshed (tests.helpers.mesh_edges), a stock paho publisher streaming
+numbered QoS 1 messages on edge A and a paho subscriber with a persistent session on edge B.
+Whatever A acknowledged reaches the subscriber, and nothing reaches it twice."""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import paho.mqtt.client as mqtt
+import pytest
+
+from tests.helpers.edge_process import TENANT_TOKEN, EdgeProcess
+from tests.helpers.mesh_clients import SETTLE, settle
+from tests.helpers.mesh_edges import meshed, wait_inbound_up
+from tests.integration.conftest import Client, Received
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+# How long the subscriber waits for the stream, and then for a copy too many.
+ARRIVAL = 45.0
+QUIET = 2.0
+
+
+@pytest.fixture(scope="module")
+def edges(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[EdgeProcess]]:
+    with meshed(tmp_path_factory.mktemp("mesh-crash")) as started:
+        yield started
+
+
+def _connect(port: int, client_id: str, *, clean: bool) -> Client:
+    """A paho 3.1.1 client of tenant acme on the edge at ``port``, connected and looping."""
+    paho = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=clean)
+    client = Client(paho)
+    connected: queue.Queue[bool] = queue.Queue()
+    paho.on_connect = lambda c, u, flags, rc, props: connected.put(not rc.is_failure)
+    paho.on_message = lambda c, u, m: client.messages.put(
+        Received(m.topic, m.payload, m.qos, bool(m.retain))
+    )
+    paho.on_disconnect = lambda c, u, flags, rc, props: client.disconnected.set()
+    paho.username_pw_set(TENANT_TOKEN)
+    # Few publishes in flight: a stream is still going when a test kills an edge right after
+    # queueing the rest of it.
+    paho.max_inflight_messages_set(5)
+    paho.connect("127.0.0.1", port)
+    paho.loop_start()
+    assert connected.get(timeout=SETTLE)
+    return client
+
+
+@dataclass
+class Stream:
+    """A QoS 1 publisher of numbered payloads on one edge, never sending one twice: after a
+    broken connection it stops (paho would send again what was not acknowledged)."""
+
+    client: Client
+    topic: str
+    sent: list[tuple[int, mqtt.MQTTMessageInfo]] = field(default_factory=list)
+
+    def send(self, numbers: range) -> None:
+        for number in numbers:
+            info = self.client.paho.publish(self.topic, str(number).encode(), qos=1)
+            self.sent.append((number, info))
+
+    def acked(self) -> set[int]:
+        return {number for number, info in self.sent if info.is_published()}
+
+    def wait_acked(self, count: int) -> None:
+        deadline = time.monotonic() + ARRIVAL
+        while len(self.acked()) < count:
+            assert time.monotonic() < deadline, f"{len(self.acked())} acknowledged"
+            time.sleep(0.01)
+
+    def killed_midway(self, edge: EdgeProcess, first: int, total: int) -> set[int]:
+        """Send ``first`` numbers and wait for their acks, queue the rest up to ``total`` and
+        SIGKILL ``edge`` (this stream's) at once: what it acknowledged. No reconnect."""
+        self.send(range(first))
+        self.wait_acked(first)
+        self.send(range(first, total))
+        edge.kill()
+        assert self.client.disconnected.wait(SETTLE)
+        self.client.paho.loop_stop()
+        acked = self.acked()
+        assert len(acked) < total  # killed in the middle of it
+        return acked
+
+
+def _stream_on(edge: EdgeProcess, client_id: str, topic: str, numbers: range) -> set[int]:
+    """A new publisher on ``edge`` sends ``numbers``, every one acknowledged."""
+    stream = Stream(_connect(edge.mqtt_port, client_id, clean=True), topic)
+    stream.send(numbers)
+    stream.wait_acked(len(numbers))
+    stream.client.close()
+    return stream.acked()
+
+
+def _subscriber(b: EdgeProcess, client_id: str, topic_filter: str, publisher: Client) -> Client:
+    """A persistent session on B subscribed to ``topic_filter`` at QoS 1, which ``publisher``'s
+    edge routes to (probes crossed)."""
+    sub = _connect(b.mqtt_port, client_id, clean=False)
+    sub.subscribe(topic_filter, qos=1)
+    settle(publisher.paho, [sub], topic_filter.replace("#", "probe"))
+    return sub
+
+
+def _arrivals(sub: Client, wanted: set[int]) -> list[int]:
+    """The numbers ``sub`` gets until it has every one of ``wanted``, then until it is quiet."""
+    got: list[int] = []
+    deadline = time.monotonic() + ARRIVAL
+    while not wanted <= set(got):
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"missing {sorted(wanted - set(got))[:20]}"
+        try:
+            got.append(int(sub.get(timeout=remaining).payload))
+        except queue.Empty:
+            continue
+    while True:
+        try:
+            got.append(int(sub.get(timeout=QUIET).payload))
+        except queue.Empty:
+            return got
+
+
+def _assert_once(got: list[int], acked: set[int], published: int) -> None:
+    twice = sorted({n for n in got if got.count(n) > 1})
+    assert not twice, f"delivered twice: {twice[:20]}"
+    assert acked <= set(got)
+    assert set(got) <= set(range(published))
+
+
+def _restart(edge: EdgeProcess, *linked: EdgeProcess) -> None:
+    """Start ``edge`` again (same data dir, same ports) and wait until each of ``linked`` has
+    its link to it up again (``edge``'s publishes reach them on it)."""
+    edge.start()
+    for peer in linked:
+        wait_inbound_up(edge, peer.node)
+
+
+def test_sigkill_of_the_origin_mid_stream(edges: list[EdgeProcess]) -> None:
+    """The receiver keeps running: what the restarted origin sends again (all it had not had
+    acknowledged, from its journal) is dropped by (origin, seq)."""
+    a, b, _ = edges
+    pub = _connect(a.mqtt_port, "kill-a-pub", clean=True)
+    sub = _subscriber(b, "kill-a-sub", "kill-a/#", pub)
+    acked = Stream(pub, "kill-a/x").killed_midway(a, 120, 400)
+    _restart(a, b)
+    acked |= _stream_on(a, "kill-a-pub-2", "kill-a/x", range(400, 500))
+    _assert_once(_arrivals(sub, acked), acked, 500)
+    sub.close()
+
+
+def test_sigkill_of_the_origin_while_the_receiver_is_away(edges: list[EdgeProcess]) -> None:
+    """Both die: the origin's journal is all that holds what the receiver had not had, and its
+    snapshot what the receiver wanted."""
+    a, b, _ = edges
+    pub = _connect(a.mqtt_port, "away-pub", clean=True)
+    sub = _subscriber(b, "away-sub", "away/#", pub)
+    sub.close()
+    snapshot = a.data_dir / "state" / a.node / "snapshot.json"
+    deadline = time.monotonic() + SETTLE
+    while b'"away/#"' not in (snapshot.read_bytes() if snapshot.exists() else b""):
+        assert time.monotonic() < deadline, "A's snapshot never held B's filter"
+        time.sleep(0.05)
+    b.kill()
+    acked = Stream(pub, "away/x").killed_midway(a, 100, 300)
+    a.start()
+    acked |= _stream_on(a, "away-pub-2", "away/x", range(300, 350))
+    _restart(b, a)
+    back = _connect(b.mqtt_port, "away-sub", clean=False)
+    _assert_once(_arrivals(back, acked), acked, 350)
+    back.close()
+
+
+def test_sigkill_of_the_receiver_mid_stream(edges: list[EdgeProcess]) -> None:
+    """The subscriber's session is offline, queued on B: what B had queued and not made
+    durable in a snapshot it had not acknowledged, so A sends it again."""
+    a, b, _ = edges
+    pub = _connect(a.mqtt_port, "kill-b-pub", clean=True)
+    sub = _subscriber(b, "kill-b-sub", "kill-b/#", pub)
+    sub.close()
+    stream = Stream(pub, "kill-b/x")
+    stream.send(range(300))
+    stream.wait_acked(120)
+    b.kill()
+    stream.send(range(300, 400))
+    _restart(b, a)
+    stream.wait_acked(400)
+    back = _connect(b.mqtt_port, "kill-b-sub", clean=False)
+    _assert_once(_arrivals(back, stream.acked()), set(range(400)), 400)
+    back.close()
+    pub.close()
