@@ -51,19 +51,21 @@ Unacked.
 Restarts (the journal is the replication log). Each state snapshot of an edge (``store``) holds
 its :class:`MeshState`: per peer, the filters it holds and ``acked``, the highest seq at or
 below which the peer acknowledged every QoS 1/2 message it was due; and per origin, the highest
-seq delivered here. An origin that restarts (a crash included) takes its peers' filters back
-and rebuilds each peer's Unacked from its journal: every QoS 1/2 record after ``acked`` that
-matches them (what the peer had since is dropped by its Dedup; beyond Unacked's bound the
-oldest are given up and counted, as for a peer away too long). A snapshot follows within a
-second of a change of a peer's filters, so a crash can miss only what matched a filter told
-less than about a second before it. A receiver acknowledges a QoS 1/2 message at once when no
-persistent session took it (a clean session does not outlive a restart anyway), else only once
-a snapshot holding its sessions with the message in them, and its Dedup past it, is durable
-(:class:`AckGate`; the edge snapshots every second while acks wait): a receiver killed before
-that has not acknowledged it, so its origin sends it again and the restored Dedup, older than
-the message, lets it through. The WELCOME carries the origin's newest durable seq: a receiver
-whose Dedup is past it (the origin's journal started over) forgets that origin's seqs. Each
-end's promise is only as durable as its journal and snapshot (``edge.journal_fsync``).
+seq delivered here. An origin that restarts (a crash included) takes its peers' filters back and
+rebuilds each peer's Unacked from its journal: every QoS 1/2 record after ``acked`` that matches
+them (what the peer had since is dropped by its Dedup; beyond Unacked's bound the oldest are
+given up and counted, as for a peer away too long; records retention removed are gone, and
+logged). A snapshot follows a change of a peer's filters within a second or two, so an origin's
+crash can miss only what matched a filter told that shortly before it and was not yet
+acknowledged. The journal is read from the oldest peer's ``acked`` at start: a peer away for
+long (or gone for good) makes that read long. A receiver acknowledges a QoS 1/2 message at once
+when no persistent session took it (a clean session does not outlive a restart anyway), else
+only once a snapshot holding its sessions with the message in them, and its Dedup past it, is
+durable (:class:`AckGate`; the edge snapshots every second while acks wait): a receiver killed
+before that has not acknowledged it, so its origin sends it again and the restored Dedup, older
+than the message, lets it through. The WELCOME carries the origin's newest durable seq: a
+receiver whose Dedup is past it (the origin's journal started over) forgets that origin's seqs.
+Each end's promise is only as durable as its journal and snapshot (``edge.journal_fsync``).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import pytest
 
 from tests.helpers.edge_process import TENANT_TOKEN, EdgeProcess
 from tests.helpers.mesh_clients import SETTLE, settle
-from tests.helpers.mesh_edges import meshed, wait_inbound_up
+from tests.helpers.mesh_edges import meshed, sys_values, wait_inbound_up
 from tests.integration.conftest import Client, Received
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -131,6 +131,22 @@ def _assert_once(got: list[int], acked: set[int], published: int) -> None:
     assert set(got) <= set(range(published))
 
 
+def _wait_snapshot_holds(edge: EdgeProcess, topic_filter: str) -> None:
+    """Until ``edge``'s state snapshot holds a peer's ``topic_filter`` (it follows a change of
+    a peer's filters within about a second: a crash before it does not know the filter)."""
+    snapshot = edge.data_dir / "state" / edge.node / "snapshot.json"
+    deadline = time.monotonic() + SETTLE
+    while f'"{topic_filter}"'.encode() not in (snapshot.read_bytes() if snapshot.exists() else b""):
+        assert time.monotonic() < deadline, f"{edge.node}'s snapshot never held {topic_filter}"
+        time.sleep(0.05)
+
+
+def _sys(edge: EdgeProcess, name: str) -> int:
+    """``$SYS/broker/mesh/publish/{name}`` on ``edge``."""
+    topic = f"$SYS/broker/mesh/publish/{name}"
+    return int(sys_values(edge.mqtt_port, topic, lambda values: topic in values)[topic])
+
+
 def _restart(edge: EdgeProcess, *linked: EdgeProcess) -> None:
     """Start ``edge`` again (same data dir, same ports) and wait until each of ``linked`` has
     its link to it up again (``edge``'s publishes reach them on it)."""
@@ -145,10 +161,14 @@ def test_sigkill_of_the_origin_mid_stream(edges: list[EdgeProcess]) -> None:
     a, b, _ = edges
     pub = _connect(a.mqtt_port, "kill-a-pub", clean=True)
     sub = _subscriber(b, "kill-a-sub", "kill-a/#", pub)
+    _wait_snapshot_holds(a, "kill-a/#")
+    duplicates = _sys(b, "duplicates")
     acked = Stream(pub, "kill-a/x").killed_midway(a, 120, 400)
     _restart(a, b)
+    assert _sys(a, "replayed") >= len(acked)  # B's, from A's journal
     acked |= _stream_on(a, "kill-a-pub-2", "kill-a/x", range(400, 500))
     _assert_once(_arrivals(sub, acked), acked, 500)
+    assert _sys(b, "duplicates") > duplicates  # what B had, sent again and dropped
     sub.close()
 
 
@@ -159,14 +179,11 @@ def test_sigkill_of_the_origin_while_the_receiver_is_away(edges: list[EdgeProces
     pub = _connect(a.mqtt_port, "away-pub", clean=True)
     sub = _subscriber(b, "away-sub", "away/#", pub)
     sub.close()
-    snapshot = a.data_dir / "state" / a.node / "snapshot.json"
-    deadline = time.monotonic() + SETTLE
-    while b'"away/#"' not in (snapshot.read_bytes() if snapshot.exists() else b""):
-        assert time.monotonic() < deadline, "A's snapshot never held B's filter"
-        time.sleep(0.05)
+    _wait_snapshot_holds(a, "away/#")
     b.kill()
     acked = Stream(pub, "away/x").killed_midway(a, 100, 300)
     a.start()
+    assert _sys(a, "replayed") >= len(acked)  # taken back from its journal for B
     acked |= _stream_on(a, "away-pub-2", "away/x", range(300, 350))
     _restart(b, a)
     back = _connect(b.mqtt_port, "away-sub", clean=False)
