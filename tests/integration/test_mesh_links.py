@@ -3,6 +3,7 @@ state is read on their loops), linked with a mesh token, and stock paho clients.
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -15,6 +16,7 @@ import pytest
 from broker_edge import mesh
 from broker_edge.meshlink import Mesh
 from broker_edge.settings import EdgeSettings
+from ingest.journal import JournalReader
 from tests.helpers.mesh_clients import SETTLE, settle
 from tests.integration.conftest import RunningEdge
 
@@ -92,6 +94,26 @@ def test_a_broken_link_resends_what_was_not_acknowledged_once(
     assert [sub.get(timeout=SETTLE).payload for _ in range(3)] == [b"m3", b"m4", b"m5"]
     sub.nothing_more()
     assert b.call(lambda: _mesh(b).states) == {f"127.0.0.1:{a.port}": "up"}
+
+
+def test_what_a_persistent_session_took_is_acknowledged_once_a_snapshot_holds_it(
+    pair: tuple[RunningEdge, RunningEdge], make_client: Any
+) -> None:
+    """A receiver killed before its snapshot holds the message must not have acknowledged it
+    (its origin would never send it again)."""
+    a, b = pair
+    sub = make_client("durable", port=b.port, clean_session=False)
+    sub.subscribe("gate/#", qos=1)
+    pub = make_client("pub", port=a.port)
+    settle(pub, [sub], "gate/probe")
+    pub.publish("gate/x", b"kept", qos=1)
+    assert sub.get().payload == b"kept"
+    reader = JournalReader(a.node.settings.journal_root / "a")
+    [seq] = [r["seq"] for r in reader.read_records(0, reader.last_seq()) if r["payload"] == b"kept"]
+    _until(a, lambda: seq not in _mesh(a).unacked["b"].frames)
+    snapshot = json.loads(b.node.snapshot_path.read_bytes())
+    assert snapshot["mesh"]["delivered"]["a"] >= seq
+    sub.nothing_more()
 
 
 def test_publishes_before_a_new_links_filters_are_all_there_still_cross(
