@@ -55,6 +55,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -187,6 +188,12 @@ def _local_path(location: str | None) -> Path | None:
     )
 
 
+# How long planning a batch waits for the edge of a node whose records the batch holds, and how
+# often it asks again (seconds).
+EDGE_WAIT_SECONDS = 60.0
+EDGE_RETRY_SECONDS = 1.0
+
+
 class EdgebusDataSource(DataSource):
     """``spark.readStream.format("edgebus").option("path", journal_root)``."""
 
@@ -316,19 +323,26 @@ class EdgebusStreamReader(DataSourceStreamReader):
 
     def _edge_for(self, node: str) -> str | None:
         """None for a local node, else the edge serving it (asked again if not known yet: a
-        batch replayed after a restart plans before ``latestOffset``)."""
+        batch replayed after a restart plans before ``latestOffset``).
+
+        The batch holds records of ``node``, so it cannot go on without them: an edge that does
+        not answer (restarting, or too busy to answer within the connect timeout) is asked
+        again every EDGE_RETRY_SECONDS for EDGE_WAIT_SECONDS before the query fails naming it.
+        """
         if not self._options.edges:
             return None
-        if node not in self._edge_of and not (self._root / node).is_dir():
+        deadline = time.monotonic() + EDGE_WAIT_SECONDS
+        while node not in self._edge_of and not (self._root / node).is_dir():
+            if time.monotonic() >= deadline:
+                raise SourceError(
+                    f"edgebus source: node {node!r} has records in this batch but neither "
+                    f"{self._root} nor any edge that answers ({', '.join(self._options.edges)}) "
+                    f"has its journal (asked for {EDGE_WAIT_SECONDS:g} s); is its edge down?"
+                )
             self._edge_ranges(set())
-        edge = self._edge_of.get(node)
-        if edge is None and not (self._root / node).is_dir():
-            raise SourceError(
-                f"edgebus source: node {node!r} has records in this batch but neither "
-                f"{self._root} nor any edge that answers ({', '.join(self._options.edges)}) "
-                "has its journal; is its edge down?"
-            )
-        return edge
+            if node not in self._edge_of:
+                time.sleep(EDGE_RETRY_SECONDS)  # an edge coming back has no event to await
+        return self._edge_of.get(node)
 
     def commit(self, end: Offset) -> None:
         """Nothing to do: retention, not the source, decides when journal records go."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +18,10 @@ from conftest import RunningEdge
 
 from broker_edge.errors import ConfigError
 from broker_edge.settings import EdgeSettings
+from ingest import source
 from ingest.journal import JournalReader, list_segments
 from ingest.remote import EdgeRefused, EdgeUnavailable, journal_range, read_range
+from ingest.source import EdgebusStreamReader, JournalRange, SourceError, SourceOptions
 from schemas import operator_token
 from schemas.journal import JOURNAL_SCHEMA
 
@@ -57,6 +61,44 @@ def http_edge(make_edge: Any, tenants_file: Path) -> RunningEdge:
 def http_port(edge: RunningEdge) -> int:
     assert edge.node.http is not None
     return edge.node.http.port
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def test_a_batch_waits_for_its_nodes_edge_to_answer(
+    make_edge: Any, tenants_file: Path, edge_settings: EdgeSettings, tmp_path: Path
+) -> None:
+    """Planning a batch that holds a node's records (a replay after a restart) waits for the
+    node's edge, restarting or too busy to answer, instead of failing the query at once."""
+    port = _free_port()
+    reader = EdgebusStreamReader(
+        SourceOptions(tmp_path / "journal", 100, None, (f"127.0.0.1:{port}",), "op-token")
+    )
+    late = threading.Timer(1.5, make_edge, (tenants_file,), {"http_listen": f"127.0.0.1:{port}"})
+    late.start()
+    try:
+        node = edge_settings.node_id
+        ranges = reader.partitions({node: 0}, {node: 3})
+    finally:
+        late.join()
+    assert ranges == [JournalRange(node, 0, 3, f"127.0.0.1:{port}")]
+
+
+def test_a_batch_whose_edge_never_answers_fails_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(source, "EDGE_WAIT_SECONDS", 1.0)
+    edge = f"127.0.0.1:{_free_port()}"  # nothing listens there
+    reader = EdgebusStreamReader(SourceOptions(tmp_path / "journal", 100, None, (edge,), None))
+    began = time.monotonic()
+    with pytest.raises(SourceError, match=rf"node 'edge-x' .*\({edge}\) .*asked for 1 s"):
+        reader.partitions({"edge-x": 0}, {"edge-x": 3})
+    assert time.monotonic() - began >= 1.0
 
 
 def test_healthz_is_open_and_the_journal_needs_the_operator_token(
