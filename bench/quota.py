@@ -245,13 +245,15 @@ def start_edge(
 def wait_until_processed(lake: Path, tenant: str, timeout: float) -> None:
     """Until the usage table holds the tenant's counters: the pipeline runs every job."""
     from sinks.delta import read_table
+    from sinks.errors import DeltaSinkError
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if (lake / "usage" / "_delta_log").exists() and read_table(
-            lake / "usage", f"tenant = '{tenant}'"
-        ).num_rows:
-            return
+        try:
+            if read_table(lake / "usage", f"tenant = '{tenant}'").num_rows:
+                return
+        except DeltaSinkError:
+            pass  # no table yet, or its first commit is being written
         time.sleep(0.5)
     raise BenchError(f"the pipeline did not process {tenant}'s counters in {timeout:g} s")
 
