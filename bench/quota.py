@@ -17,6 +17,14 @@ meanwhile to its ``$counters/messages_in`` and ``$quota/#``. Per round:
 Reaction = refused - crossing; overshoot = publishes accepted after the crossing. Each round
 starts at a random phase of the counter interval. One clock (``time.time()``) on one machine.
 Results: bench/results/{timestamp}-quota.json.
+
+``--edges N`` (issue 14) starts N edges (node ids ``bench-0`` ...) on one data dir, the
+pipeline reading all their journals and sending its decisions and confirmed totals to each;
+per round one publisher per edge, all of the same tenant, each at ``rate``. The crossing is
+then the ``limit``-th accepted publish over all edges (by send time), the overshoot what all of
+them accepted past the limit, and the reaction the last edge's first refusal after it. The
+edges enforce the limit locally (``broker_edge.localquota``): one edge stops within a message;
+with N, the overshoot is what the others accept until the pipeline's confirmed totals tell.
 """
 
 from __future__ import annotations
@@ -87,6 +95,37 @@ class Round:
             "applied_s": since(self.applied_at),
             "refusal_acked_s": round(self.acks[first_refused][1] - crossing, 3),
         }
+
+
+def combined_summary(records: list[Round]) -> dict[str, Any]:
+    """One round of several publishers (one per edge) of one tenant, as one."""
+    if len(records) == 1:
+        return records[0].summary()
+    limit = records[0].limit
+    accepted: list[float] = []
+    first_refusals: list[float] = []
+    for record in records:
+        codes = [(i, record.acks[i][0]) for i in range(len(record.sent)) if i in record.acks]
+        accepted += [record.sent[i] for i, code in codes if code < 0x80]
+        refused = [record.sent[i] for i, code in codes if code == QUOTA_EXCEEDED]
+        if not refused:
+            raise BenchError(f"{record.tenant}: an edge never refused")
+        first_refusals.append(refused[0])
+    accepted.sort()
+    if len(accepted) < limit:
+        raise BenchError(f"{records[0].tenant}: not blocked ({len(accepted)} accepted)")
+    crossing = accepted[limit - 1]
+    return {
+        "tenant": records[0].tenant,
+        "edges": len(records),
+        "reaction_s": round(max(first_refusals) - crossing, 3),
+        "first_edge_refused_s": round(min(first_refusals) - crossing, 3),
+        "overshoot": len(accepted) - limit,
+        "per_edge_accepted": [
+            sum(1 for i, (code, _) in r.acks.items() if code < 0x80 and i < len(r.sent))
+            for r in records
+        ],
+    }
 
 
 class Publisher:
@@ -185,31 +224,36 @@ def tenants_file(tenants: list[str], limit: int) -> str:
     return "\n".join(lines)
 
 
-def start_edge(work: Path, config: Path, tenants: Path) -> tuple[subprocess.Popen[bytes], int]:
+def start_edge(
+    work: Path, config: Path, tenants: Path, node: str = "bench"
+) -> tuple[subprocess.Popen[bytes], int]:
+    log = work / f"edge-{node}.log"
     proc = subprocess.Popen(
-        [*EDGEBUS, "edge", "--listen", "127.0.0.1:0", "--node-id", "bench"]
+        [*EDGEBUS, "edge", "--listen", "127.0.0.1:0", "--node-id", node]
         + ["--data-dir", str(work / "data"), "--config", str(config), "--tenants", str(tenants)],
         stdout=subprocess.PIPE,
-        stderr=(work / "edge.log").open("wb"),
+        stderr=log.open("wb"),
     )
     assert proc.stdout is not None
     line = proc.stdout.readline().decode()
     if " listening on " not in line:
         proc.kill()
-        raise BenchError(f"the edge did not start: {(work / 'edge.log').read_text()[-2000:]}")
+        raise BenchError(f"the edge did not start: {log.read_text()[-2000:]}")
     return proc, int(line.rsplit(":", 1)[1])
 
 
 def wait_until_processed(lake: Path, tenant: str, timeout: float) -> None:
     """Until the usage table holds the tenant's counters: the pipeline runs every job."""
     from sinks.delta import read_table
+    from sinks.errors import DeltaSinkError
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if (lake / "usage" / "_delta_log").exists() and read_table(
-            lake / "usage", f"tenant = '{tenant}'"
-        ).num_rows:
-            return
+        try:
+            if read_table(lake / "usage", f"tenant = '{tenant}'").num_rows:
+                return
+        except DeltaSinkError:
+            pass  # no table yet, or its first commit is being written
         time.sleep(0.5)
     raise BenchError(f"the pipeline did not process {tenant}'s counters in {timeout:g} s")
 
@@ -238,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=60.0, help="per round, after crossing")
     parser.add_argument("--workdir", type=Path, help="keep data and logs here (default: temp)")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--edges", type=int, default=1, help="edges, one publisher on each")
     args = parser.parse_args(argv)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
@@ -260,16 +305,20 @@ def main(argv: list[str] | None = None) -> int:
     trigger_interval = args.trigger_interval or PipelineSettings().trigger_interval_seconds
     lake = work / "lake"
     rng = random.Random(args.seed)
-    edge, port = start_edge(work, work / "edgebus.toml", work / "tenants.toml")
+    edges = [
+        start_edge(work, work / "edgebus.toml", work / "tenants.toml", f"bench-{i}")
+        for i in range(args.edges)
+    ]
+    ports = [port for _, port in edges]
     pipeline = subprocess.Popen(
         [*EDGEBUS, "pipeline", "--data-dir", str(work / "data"), "--lake", str(lake)]
         + ["--config", str(work / "edgebus.toml"), "--tenants", str(work / "tenants.toml")]
-        + ["--broker", f"127.0.0.1:{port}"],
+        + [arg for port in ports for arg in ("--broker", f"127.0.0.1:{port}")],
         stderr=(work / "pipeline.log").open("wb"),
     )
-    rounds: list[Round] = []
+    rounds: list[list[Round]] = []
     try:
-        warm = Publisher(port, f"{WARMUP}-token", Round(WARMUP, 1))
+        warm = Publisher(ports[0], f"{WARMUP}-token", Round(WARMUP, 1))
         warm.client.publish("fleet/warmup", b"{}", qos=1)
         wait_until_processed(lake, WARMUP, 300 + counter_interval)
         warm.close()
@@ -277,28 +326,40 @@ def main(argv: list[str] | None = None) -> int:
         for tenant in tenants:
             # A random phase of the counter interval and the trigger.
             time.sleep(rng.uniform(0, max(counter_interval, trigger_interval)))
-            record = Round(tenant, args.limit)
-            publisher = Publisher(port, f"{tenant}-token", record)
+            records = [Round(tenant, args.limit) for _ in ports]
+            publishers = [
+                Publisher(port, f"{tenant}-token", record)
+                for port, record in zip(ports, records, strict=True)
+            ]
+            duration = args.limit / args.rate / len(ports) + args.timeout
+            threads = [
+                threading.Thread(target=p.run, args=(args.rate, duration)) for p in publishers
+            ]
             try:
-                publisher.run(args.rate, args.limit / args.rate + args.timeout)
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join()
             finally:
-                publisher.close()
-            rounds.append(record)
-            if pipeline.poll() is not None or edge.poll() is not None:
-                raise BenchError("the edge or the pipeline exited during the run")
-        for record in rounds:
-            record.decided_at = decided_at(lake, record.tenant)
+                for publisher in publishers:
+                    publisher.close()
+            rounds.append(records)
+            if pipeline.poll() is not None or any(edge.poll() is not None for edge, _ in edges):
+                raise BenchError("an edge or the pipeline exited during the run")
+        for records in rounds:
+            records[0].decided_at = decided_at(lake, records[0].tenant)
     finally:
-        for proc in (pipeline, edge):
+        procs = [pipeline, *(edge for edge, _ in edges)]
+        for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        for proc in (pipeline, edge):
+        for proc in procs:
             try:
                 proc.wait(120)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-    summaries = [record.summary() for record in rounds]
+    summaries = [combined_summary(records) for records in rounds]
     now = datetime.now(UTC)
     reactions = [s["reaction_s"] for s in summaries]
     overshoots = [s["overshoot"] for s in summaries]
@@ -307,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": args.rounds,
         "limit": args.limit,
         "rate_msgs_per_s": args.rate,
+        "edges": args.edges,
         "qos": 1,
         "protocol": "MQTT 5",
         "edge_counter_interval_s": counter_interval,

@@ -24,6 +24,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from broker_edge import sessionlog
@@ -180,7 +181,8 @@ class Broker:
         # Write every connection's pending output (Outbox.flush; bound once: it runs after
         # every read and every journal commit).
         self.flush_dirty: Callable[[], None] = self.outbox.flush
-        self.tenancy = Tenancy(tenants, settings.node_id, local_operator_token)
+        today = datetime.fromtimestamp(wall_clock_us() / 1e6, UTC).date()
+        self.tenancy = Tenancy(tenants, settings.node_id, local_operator_token, today)
         # Live connections per tenant on this node (the tenants' "sessions" gauge).
         self.connected: dict[str, int] = {}
         self._logging = False  # publishing a log event (see log)
@@ -468,6 +470,8 @@ class Broker:
         tenancy.config = config
         if config is None:
             return
+        # New limits: a raised one lifts a local quota stop at once (broker_edge.localquota).
+        self.log_events(tenancy.restop_all())
         for conn in list(self.connections.values()):
             admission = tenancy.regrant(conn.token, conn.tenant)
             if admission is None:
@@ -481,6 +485,12 @@ class Broker:
                     conn.keep_will(None)  # the new rules forbid it: checked like at CONNECT
                 if event is not None:
                     self.log_events((event,))
+        self.flush_dirty()
+
+    def roll_day(self) -> None:
+        """Midnight UTC (the node calls this then): the local quota starts a new day."""
+        today = datetime.fromtimestamp(self.wall_clock_us() / 1e6, UTC).date()
+        self.log_events(self.tenancy.roll_day(today))
         self.flush_dirty()
 
     def publish_counters(self, start_us: int, end_us: int) -> None:

@@ -24,6 +24,7 @@ from broker_edge.durability import GroupCommitter, JournalStatus
 from broker_edge.errors import ConfigError
 from broker_edge.http_api import HttpApi, HttpServer, check_exposure
 from broker_edge.listener import MqttProtocol
+from broker_edge.localquota import until_midnight
 from broker_edge.mesh import MeshState
 from broker_edge.meshlink import Mesh
 from broker_edge.message import Message
@@ -72,6 +73,7 @@ class EdgeNode:
         self._sys: asyncio.Task[None] | None = None
         self._snapshots: asyncio.Task[None] | None = None
         self._counters: asyncio.Task[None] | None = None
+        self._days: asyncio.Task[None] | None = None
         self.started_at = 0.0  # event loop time
         self.broker: Broker | None = None
         self._session_log: sessionlog.SessionLog | None = None
@@ -172,6 +174,7 @@ class EdgeNode:
         self._wake_at(loop.time() + HOUSEKEEPING_INTERVAL)
         self._snapshots = loop.create_task(self._snapshot_loop(), name="snapshots")
         self._counters = loop.create_task(self._publish_counters(), name="counters")
+        self._days = loop.create_task(self._roll_days(), name="days")
         if settings.sys_interval > 0:
             self._sys = loop.create_task(self._publish_sys(settings.sys_interval), name="sys")
         log.info(
@@ -412,6 +415,18 @@ class EdgeNode:
                 log.exception("counters not published")
             start_us = end_us
 
+    async def _roll_days(self) -> None:
+        """At every UTC midnight: the local quota's new day (broker_edge.localquota). A wake-up
+        a little early finds the same day (roll_day does nothing) and sleeps the rest."""
+        broker = self.broker
+        assert broker is not None
+        while True:
+            await asyncio.sleep(until_midnight(broker.wall_clock_us()) + 0.001)
+            try:
+                broker.roll_day()
+            except Exception:
+                log.exception("the local quota's new day failed")
+
     def _wake_at(self, at: float) -> None:
         """Run the broker's tick at loop time ``at`` at the latest: one timer for the whole
         node, moved earlier when something falls due sooner (broker.wake_at)."""
@@ -510,7 +525,7 @@ class EdgeNode:
             await self.http.close()
         if self.mesh is not None:
             await self.mesh.stop()
-        for task in (self._sys, self._snapshots, self._counters):
+        for task in (self._sys, self._snapshots, self._counters, self._days):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -73,13 +74,17 @@ def log_event(
 
 @dataclass(slots=True)
 class TenantUsage:
-    """Running totals of one tenant on this node."""
+    """Running totals of one tenant on this node, and where the local quota stops it: the
+    publish that brings ``messages_in`` or ``bytes_in`` to its stop blocks the tenant
+    (``broker_edge.localquota``; ``sys.maxsize``: never)."""
 
     messages_in: int = 0
     messages_out: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
     dropped: int = 0
+    stop_messages_in: int = sys.maxsize
+    stop_bytes_in: int = sys.maxsize
 
 
 def counter_messages(

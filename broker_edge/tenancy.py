@@ -21,8 +21,10 @@ import hmac
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from datetime import UTC, date, datetime
+from typing import Any, Protocol, TypeVar
 
+from broker_edge.localquota import DayCount, Reached, stops
 from broker_edge.logtext import truncated
 from broker_edge.packets import ConnackCode311, Publish, ReasonCode
 from broker_edge.plim import (
@@ -35,15 +37,21 @@ from broker_edge.plim import (
 )
 from broker_edge.tenants import ALLOW_ALL, OPERATOR_TENANT, Acl, Grant, Limits, TenantsConfig
 from schemas import topics
-from schemas.control import ControlMessageError, JournalCommitted
+from schemas.control import ConfirmedUsage, ControlMessageError, JournalCommitted
 from schemas.names import DEFAULT_TENANT, GAUGE_METRICS
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 # The client id of the edge's own publishes (logs, counters, quota): see schemas.topics.
 EDGE_CLIENT_ID = topics.EDGE_CLIENT_ID
-# The "$" topics the operator's token may publish on: quota decisions and journal commit notices.
-OPERATOR_PREFIXES = (CONTROL_PREFIX, topics.JOURNAL_CONTROL_TOPIC_PREFIX)
+# The "$" topics the operator's token may publish on: quota decisions, confirmed usage and
+# journal commit notices.
+OPERATOR_PREFIXES = (
+    CONTROL_PREFIX,
+    topics.USAGE_CONTROL_TOPIC_PREFIX,
+    topics.JOURNAL_CONTROL_TOPIC_PREFIX,
+)
 
 
 _ANONYMOUS = Grant(DEFAULT_TENANT, ALLOW_ALL)
@@ -108,15 +116,27 @@ class Client(Protocol):
 
 class Tenancy:
     def __init__(
-        self, config: TenantsConfig | None, node_id: str, local_operator_token: str | None = None
+        self,
+        config: TenantsConfig | None,
+        node_id: str,
+        local_operator_token: str | None = None,
+        today: date | None = None,
     ) -> None:
         self.config = config
+        self.node_id = node_id
         # The operator token the edge made in its data dir when none is configured (valid for
         # as long as the edge runs, whatever a reloaded tenants file says).
         self.local_operator_token = local_operator_token
         self.usage: dict[str, TenantUsage] = {}
         self.quota: dict[str, dict[str, QuotaDecision]] = {}
+        # Refused publishes: the tenants the pipeline's decisions block, and those the local
+        # quota stops (broker_edge.localquota); ``blocked`` is the union of both.
         self.blocked: set[str] = set()
+        self.decided_blocked: set[str] = set()
+        self.stopped: dict[str, Reached] = {}
+        # The UTC day of the local quota (the broker's clock; roll_day moves it at midnight).
+        self.today = today if today is not None else datetime.now(UTC).date()
+        self._days: dict[str, DayCount] = {}
         self._counter_previous: dict[str, dict[str, int]] = {}
         # Tenants whose last report was all zeros: their next all-zero report is skipped.
         self._counter_quiet: set[str] = set()
@@ -128,6 +148,8 @@ class Tenancy:
         usage = self.usage.get(tenant)
         if usage is None:
             usage = self.usage[tenant] = TenantUsage()
+            self._days[tenant] = DayCount.starting(self.today, usage)
+            self.restop(tenant)
         return usage
 
     def limits(self, tenant: str) -> Limits:
@@ -264,20 +286,20 @@ class Tenancy:
         state and the log event that tells it."""
         if not payload:  # the retained decision was cleared: forget the tenant's state
             self.quota.pop(tenant, None)
-            self.blocked.discard(tenant)
+            self.decided_blocked.discard(tenant)
+            self._update_blocked(tenant)
             return NOTHING
-        try:
-            decision = QuotaDecision.parse(payload)
-        except QuotaDecisionError as exc:
-            log.warning("quota decision for %s ignored: %s", tenant, exc)
+        decision = _parsed(QuotaDecision.parse, payload, f"quota decision for {tenant}")
+        if decision is None:
             return NOTHING
         decisions = self.quota.setdefault(tenant, {})
         previous = decisions.get(decision.metric)
         decisions[decision.metric] = decision
         if any(d.state == "blocked" for d in decisions.values()):
-            self.blocked.add(tenant)
+            self.decided_blocked.add(tenant)
         else:
-            self.blocked.discard(tenant)
+            self.decided_blocked.discard(tenant)
+        self._update_blocked(tenant)
         publish = (tenant, topics.quota_topic(decision.metric), decision.payload())
         event = quota_event(previous.state if previous else None, decision.state)
         if event is None:
@@ -299,6 +321,10 @@ class Tenancy:
             target = topic[len(CONTROL_PREFIX) :]
             if target and "/" not in target:
                 return self.apply_quota(target, payload)
+        elif topic.startswith(topics.USAGE_CONTROL_TOPIC_PREFIX):
+            target = topic[len(topics.USAGE_CONTROL_TOPIC_PREFIX) :]
+            if target and "/" not in target:
+                return self.apply_confirmed(target, payload)
         elif topic == self._journal_topic and payload:  # empty: the retained one was cleared
             # The lake committed this node's journal up to a seq; retention may delete the
             # segments at or below it (see broker_edge.durability).
@@ -309,6 +335,70 @@ class Tenancy:
                 return NOTHING
             return ControlOutcome(journal_committed=committed.committed_seq)
         return NOTHING
+
+    # -- local quota (broker_edge.localquota) -------------------------------------------------
+
+    def apply_confirmed(self, tenant: str, payload: bytes) -> ControlOutcome:
+        """The pipeline's confirmed day totals of ``tenant`` (``$control/usage/{tenant}``)."""
+        if not payload:  # the retained one was cleared
+            return NOTHING
+        confirmed = _parsed(ConfirmedUsage.parse, payload, f"confirmed usage of {tenant}")
+        if confirmed is None:
+            return NOTHING
+        if confirmed.tenant != tenant or confirmed.date != self.today:
+            # Another day's (a retained one from before midnight, or a clock apart): the local
+            # count of today stands alone until today's arrive.
+            return NOTHING
+        self.usage_of(tenant)
+        self._days[tenant].confirmed = confirmed
+        return ControlOutcome(events=self.restop(tenant))
+
+    def restop(self, tenant: str) -> tuple[LogEvent, ...]:
+        """Recompute where the local quota stops ``tenant`` (after a publish reached a stop, a
+        confirmed total, a reload, a new day); the ``quota_reached`` event when it now stops."""
+        usage = self.usage[tenant]
+        at, reached = stops(self.node_id, usage, self._days[tenant], self.limits(tenant))
+        usage.stop_messages_in = at["messages_in"]
+        usage.stop_bytes_in = at["bytes_in"]
+        was = self.stopped.get(tenant)
+        if reached is None:
+            if was is not None:
+                del self.stopped[tenant]
+                log.info("tenant %s: local quota released (%s)", tenant, was.metric)
+                self._update_blocked(tenant)
+            return ()
+        self.stopped[tenant] = reached
+        self._update_blocked(tenant)
+        if was is not None:
+            return ()
+        log.info("tenant %s: local quota reached (%s %d of %d)", tenant, *_figures(reached))
+        details = {
+            "metric": reached.metric,
+            "limit": reached.limit,
+            "value": reached.value,
+            "confirmed": reached.confirmed,
+            "node": self.node_id,
+        }
+        return (LogEvent(tenant, "quota_reached", "", details, "quota"),)
+
+    def restop_all(self) -> tuple[LogEvent, ...]:
+        """After a reload of the tenants file: every tenant's stops under its new limits."""
+        return tuple(event for tenant in list(self.usage) for event in self.restop(tenant))
+
+    def roll_day(self, today: date) -> tuple[LogEvent, ...]:
+        """A new UTC day: every tenant's day count starts again, the old confirmed totals go."""
+        if today == self.today:
+            return ()
+        self.today = today
+        for tenant, usage in self.usage.items():
+            self._days[tenant] = DayCount.starting(today, usage)
+        return self.restop_all()
+
+    def _update_blocked(self, tenant: str) -> None:
+        if tenant in self.decided_blocked or tenant in self.stopped:
+            self.blocked.add(tenant)
+        else:
+            self.blocked.discard(tenant)
 
     # -- counters ----------------------------------------------------------------------------
 
@@ -359,6 +449,19 @@ class Tenancy:
 
 
 _NO_GAUGES = {"sessions": 0, "subscriptions": 0, "retained": 0}
+
+
+def _parsed(parse: Callable[[bytes], _T], payload: bytes, what: str) -> _T | None:
+    """``parse(payload)``, or None (logged) when the operator sent something broken."""
+    try:
+        return parse(payload)
+    except (QuotaDecisionError, ControlMessageError) as exc:
+        log.warning("%s ignored: %s", what, exc)
+        return None
+
+
+def _figures(reached: Reached) -> tuple[str, int, int]:
+    return reached.metric, reached.value, reached.limit
 
 
 def take_token(bucket: float, bucket_at: float, rate: float, now: float) -> tuple[float, float]:

@@ -26,6 +26,9 @@ LOG_EVENTS = frozenset(
         "quota_warn",
         "quota_blocked",
         "quota_cleared",
+        # The edge's own count of the day reached a limit: it refuses the tenant's publishes
+        # before the pipeline's decision arrives (broker_edge.localquota, issue 14).
+        "quota_reached",
         "journal_full",
         "journal_error",
         "journal_resumed",
@@ -52,3 +55,6 @@ COUNTER_METRICS = (
     "retained",
 )
 GAUGE_METRICS = frozenset({"sessions", "subscriptions", "retained"})
+
+# Quota metric (a daily limit's name in the tenants file) -> the counter metric that measures it.
+QUOTA_METRICS: dict[str, str] = {"messages_per_day": "messages_in", "bytes_per_day": "bytes_in"}

@@ -25,6 +25,10 @@ QUOTA_TOPIC_PREFIX = "$quota/"
 CONTROL_TOPIC_PREFIX = "$control/quota/"
 """``$control/quota/{tenant}``: retained decisions in the operator's namespace (operator only)."""
 
+USAGE_CONTROL_TOPIC_PREFIX = "$control/usage/"
+"""``$control/usage/{tenant}``: retained, the tenant's confirmed day totals across all edges and
+its limits (``schemas.control.ConfirmedUsage``); each edge enforces the limits locally with them."""
+
 JOURNAL_CONTROL_TOPIC_PREFIX = "$control/journal/"
 """``$control/journal/{node}``: retained, how far the lake has committed a node's journal
 (``schemas.control.JournalCommitted``); the edge's retention deletes segments at or below it."""
@@ -60,6 +64,10 @@ def quota_topic(metric: str) -> str:
 
 def control_topic(tenant: str) -> str:
     return f"{CONTROL_TOPIC_PREFIX}{tenant}"
+
+
+def usage_control_topic(tenant: str) -> str:
+    return f"{USAGE_CONTROL_TOPIC_PREFIX}{tenant}"
 
 
 def journal_control_topic(node: str) -> str:

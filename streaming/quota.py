@@ -37,24 +37,28 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import date, datetime
 from typing import TYPE_CHECKING, Any
 
+from schemas import names
+from schemas.control import ConfirmedUsage, ControlMessageError, usage_control_topic
 from schemas.usage import (
     CONTROL_TOPIC_PREFIX,
     DECISION_FIELDS,
     QUOTA_EVENTS_PARTITION_BY,
     QUOTA_EVENTS_SCHEMA,
 )
-from sinks.delta import DeltaTableWriter, spark_schema
+from sinks.delta import DeltaTableWriter, read_table, spark_schema
 from sinks.mqtt import DecisionPublisher
 from sinks.storage import LakePath
 from sinks.upsert import query_table, sql_string, table_exists
 from streaming.errors import PipelineConfigError
 from streaming.quota_settings import QuotaSettings, TenantLimits
 from streaming.settings import PipelineSettings
+from streaming.usage import DayUsage, node_parts
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -66,13 +70,14 @@ USAGE_TABLE = "usage"
 APP_ID = "edgebus.quota"
 
 # quota metric (the limit's name in TenantLimits) -> the counter metric that measures it
-QUOTA_METRICS: dict[str, str] = {"messages_per_day": "messages_in", "bytes_per_day": "bytes_in"}
+QUOTA_METRICS = names.QUOTA_METRICS
 
 _SEVERITY = {"ok": 0, "cleared": 0, "warn": 1, "blocked": 2}
 _ORDER = {metric: i for i, metric in enumerate(QUOTA_METRICS)}
 
-DayTotals = Mapping[tuple[str, str, date], int]
-"""(tenant, counter metric, UTC date) -> the day's total, as reported by the usage writer."""
+DayTotals = Mapping[tuple[str, str, date], DayUsage]
+"""(tenant, counter metric, UTC date) -> the day's total and each node's part of it, as
+reported by the usage writer."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +203,7 @@ class QuotaStep:
         self._recorded: Recorded | None = None
         self._limits: Mapping[str, TenantLimits] | None = None
         self._day: date | None = None
-        self._totals: dict[tuple[str, str], int] = {}
+        self._totals: dict[tuple[str, str], DayUsage] = {}
 
     def run(self, spark: SparkSession, batch_id: int, committed: DayTotals) -> list[QuotaEvent]:
         """Decide batch ``batch_id``; ``committed``: the day totals its usage commit reported.
@@ -208,6 +213,7 @@ class QuotaStep:
         assert recorded is not None
         republish = {tenant for tenant, _ in recorded} if first else set()
         events: list[QuotaEvent] = []
+        confirmed: dict[str, bytes] = {}
         done = self.events.last_batch_id()
         if done is not None and done >= batch_id:
             # A replay: its decisions are recorded; send those again, decide nothing new.
@@ -215,9 +221,11 @@ class QuotaStep:
             republish |= self._tenants_of_batch(batch_id)
         else:
             now = self._quota.clock()
+            day_usage = self._day_totals(now.date(), committed)
+            limits = self._current_limits()
             events = decide(
-                totals=self._day_totals(now.date(), committed),
-                limits=self._current_limits(),
+                totals={key: total for key, (total, _) in day_usage.items()},
+                limits=limits,
                 recorded=recorded,
                 now=now,
                 batch_id=batch_id,
@@ -240,7 +248,14 @@ class QuotaStep:
                     )
                     recorded[(event.tenant, event.metric)] = event
                 republish |= {event.tenant for event in events}
-        messages = {control_topic(t): decisions(t, recorded) for t in sorted(republish)}
+            # The confirmed totals go with every decision and after every usage commit that
+            # moved a tenant's day (issue 14): the edges enforce the limits with them.
+            moved = {tenant for tenant, _, day in committed if day == now.date()}
+            if first:  # after a start: every tenant's, as every decision is republished
+                moved |= {tenant for tenant, _ in day_usage}
+            confirmed = confirmed_usage(moved | republish, day_usage, limits, now)
+        messages = {usage_control_topic(t): [p] for t, p in confirmed.items()}
+        messages |= {control_topic(t): decisions(t, recorded) for t in sorted(republish)}
         self._publisher.publish(messages)  # errors are logged and retried next batch
         return events
 
@@ -255,7 +270,7 @@ class QuotaStep:
         self._limits = limits
         return limits
 
-    def _day_totals(self, day: date, committed: DayTotals) -> Mapping[tuple[str, str], int]:
+    def _day_totals(self, day: date, committed: DayTotals) -> Mapping[tuple[str, str], DayUsage]:
         if self._day != day:
             self._totals = load_day_totals(self._usage_path, day)
             self._day = day
@@ -304,16 +319,57 @@ def _events(rows: Iterable[dict[str, Any]]) -> Iterable[QuotaEvent]:
         )
 
 
-def load_day_totals(usage_path: LakePath | str, day: date) -> dict[tuple[str, str], int]:
-    """(tenant, counter metric) -> the day's total in ``usage``, for the quota metrics."""
+def load_day_totals(usage_path: LakePath | str, day: date) -> dict[tuple[str, str], DayUsage]:
+    """(tenant, counter metric) -> the day's total in ``usage`` and each node's part of it,
+    for the quota metrics (read once a day and on start: a day's windows of every tenant)."""
     if not table_exists(usage_path):
         return {}
     metrics = ", ".join(sql_string(m) for m in QUOTA_METRICS.values())
-    rows = query_table(
+    rows = read_table(
         usage_path,
-        # Read-only, over one table; every literal is a date or quoted by sql_string.
-        "SELECT tenant, metric, SUM(value) AS total FROM t"  # noqa: S608
-        f" WHERE date = DATE '{day.isoformat()}' AND metric IN ({metrics})"
-        " GROUP BY tenant, metric",
+        # Every literal is a date or quoted by sql_string.
+        f"date = DATE '{day.isoformat()}' AND metric IN ({metrics})",
+        ["tenant", "metric", "nodes"],
     )
-    return {(r["tenant"], r["metric"]): int(r["total"]) for r in rows.to_pylist()}
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for row in rows.to_pylist():
+        groups[(row["tenant"], row["metric"])].append(row)
+    totals: dict[tuple[str, str], DayUsage] = {}
+    for key, windows in groups.items():
+        parts = node_parts(windows)
+        totals[key] = (sum(parts.values()), parts)
+    return totals
+
+
+def confirmed_usage(
+    tenants: Iterable[str],
+    totals: Mapping[tuple[str, str], DayUsage],
+    limits: Mapping[str, TenantLimits],
+    now: datetime,
+) -> dict[str, bytes]:
+    """tenant -> its ``$control/usage/{tenant}`` payload (``schemas.control.ConfirmedUsage``)
+    for the tenants in ``tenants`` with a quota counter today; ``totals`` are of ``now``'s day."""
+    out: dict[str, bytes] = {}
+    decided_at = now.isoformat(timespec="milliseconds")
+    for tenant in sorted(set(tenants)):
+        counts = {
+            counter: totals[(tenant, counter)]
+            for counter in QUOTA_METRICS.values()
+            if (tenant, counter) in totals
+        }
+        if not counts:
+            continue
+        tenant_limits = limits.get(tenant, TenantLimits())
+        try:
+            message = ConfirmedUsage(
+                tenant,
+                now.date(),
+                counts,
+                {metric: getattr(tenant_limits, metric) for metric in QUOTA_METRICS},
+                decided_at,
+            )
+        except ControlMessageError as exc:  # our bug: keep deciding, the edges count alone
+            logger.warning("quota: no confirmed usage for tenant %s: %s", tenant, exc)
+            continue
+        out[tenant] = message.payload()
+    return out

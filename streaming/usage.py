@@ -292,8 +292,35 @@ def _content(row: Row) -> tuple[Any, ...]:
 
 
 # What :func:`combine_group` hands back: the usage rows that changed, with the day total of
-# their group (tenant, metric, date) at its last window.
-COMBINED_SCHEMA = pa.schema([*USAGE_SCHEMA, pa.field("day_total", pa.int64(), nullable=False)])
+# their group (tenant, metric, date) at its last window and each node's part of it (the
+# confirmed totals the quota step sends the edges, issue 14), sorted by node.
+DAY_NODE = pa.struct(
+    [pa.field("node", pa.string(), nullable=False), pa.field("value", pa.int64(), nullable=False)]
+)
+COMBINED_SCHEMA = pa.schema(
+    [
+        *USAGE_SCHEMA,
+        pa.field("day_total", pa.int64(), nullable=False),
+        pa.field(
+            "day_nodes", pa.list_(pa.field("element", DAY_NODE, nullable=False)), nullable=False
+        ),
+    ]
+)
+
+DayUsage = tuple[int, dict[str, int]]
+"""A group's day total and each node's part of it."""
+
+
+def node_parts(rows: Iterable[Row]) -> dict[str, int]:
+    """Each node's part of the day over usage ``rows`` (one group's windows): its values
+    summed. Meant for counters (a gauge's parts do not add up to anything)."""
+    parts: dict[str, int] = defaultdict(int)
+    for row in rows:
+        for entry in row["nodes"]:
+            parts[entry["node"]] += entry["value"]
+    return dict(sorted(parts.items()))
+
+
 _GROUP = ("tenant", "metric", "date")
 
 
@@ -313,7 +340,13 @@ def combine_group(parts: pa.Table, stored: pa.Table) -> pa.Table:
         bases[_window_key(newest)[:3]] = newest["day_value"]
     later = [row for row in stored_rows if row["window_start"] >= first]
     changed, totals = combine(part_rows, later, bases)
-    rows = [{**row, "day_total": totals[_window_key(row)[:3]]} for row in changed]
+    keys = {_window_key(row) for row in changed}
+    day = [*before, *(row for row in later if _window_key(row) not in keys), *changed]
+    day_nodes = [{"node": n, "value": v} for n, v in node_parts(day).items()]
+    rows = [
+        {**row, "day_total": totals[_window_key(row)[:3]], "day_nodes": day_nodes}
+        for row in changed
+    ]
     return pa.Table.from_pylist(rows, schema=COMBINED_SCHEMA)
 
 
@@ -325,9 +358,9 @@ class UsageWriter:
             settings.table_path(TABLE), APP_ID, USAGE_SCHEMA, USAGE_PARTITION_BY
         )
 
-    def write(self, batch_id: int, counters: DataFrame) -> dict[GroupKey, int]:
+    def write(self, batch_id: int, counters: DataFrame) -> dict[GroupKey, DayUsage]:
         """Add the counter records of batch ``batch_id``; the day totals of the groups it
-        changed (the only rows that reach the driver).
+        changed, with each node's part (the only rows that reach the driver).
 
         Empty when nothing was committed: no counter records, or a replayed batch.
         """
@@ -358,8 +391,13 @@ class UsageWriter:
             )
             try:
                 totals = {
-                    (row["tenant"], row["metric"], row["date"]): int(row["day_total"])
-                    for row in combined.select(*_GROUP, "day_total").distinct().collect()
+                    (row["tenant"], row["metric"], row["date"]): (
+                        int(row["day_total"]),
+                        {entry["node"]: int(entry["value"]) for entry in row["day_nodes"]},
+                    )
+                    for row in combined.select(*_GROUP, "day_total", "day_nodes")
+                    .distinct()
+                    .collect()
                 }
                 if totals:
                     prune = _partitions(tenants, days, alias="t.")

@@ -7,7 +7,7 @@ import tomllib
 import pytest
 
 from bench import BenchError
-from bench.quota import QUOTA_EXCEEDED, Round, tenants_file
+from bench.quota import QUOTA_EXCEEDED, Round, combined_summary, tenants_file
 
 
 def a_round(codes: list[int], limit: int, period: float = 0.001) -> Round:
@@ -51,3 +51,15 @@ def test_tenants_file_gives_each_round_its_limit() -> None:
     assert doc["operator"]["token"]
     assert doc["tenants"]["q1"]["limits"] == {"messages_per_day": 300}
     assert "limits" not in doc["tenants"]["warmup"]
+
+
+def test_several_edges_count_as_one_round_from_the_limit_th_accepted_publish_overall() -> None:
+    # Limit 4 over two edges publishing in turn: b's index 1 (t=100.003) is the 4th accepted.
+    a = a_round([0, 0, 0, QUOTA_EXCEEDED], limit=4, period=0.002)
+    b = a_round([0, 0, QUOTA_EXCEEDED, QUOTA_EXCEEDED], limit=4, period=0.002)
+    b.sent = [t + 0.001 for t in b.sent]
+    summary = combined_summary([a, b])
+    assert summary["overshoot"] == 1  # 5 accepted in all
+    assert summary["per_edge_accepted"] == [3, 2]
+    assert summary["reaction_s"] == 0.003  # a's first refusal (t=100.006), the later one
+    assert summary["first_edge_refused_s"] == 0.002

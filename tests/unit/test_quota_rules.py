@@ -7,14 +7,20 @@ import json
 import re
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from broker_edge.plim import QuotaDecision
-from schemas.usage import DECISION_FIELDS, QUOTA_EVENT_STATES
+from schemas.usage import (
+    DECISION_FIELDS,
+    QUOTA_EVENT_STATES,
+    USAGE_PARTIAL_SCHEMA,
+    USAGE_SCHEMA,
+)
 from streaming.errors import PipelineConfigError
 from streaming.quota import QuotaEvent, classify, decide, decisions
 from streaming.quota_settings import QuotaSettings, TenantLimits
-from streaming.usage import combine
+from streaming.usage import combine, combine_group, node_parts
 
 NOON = dt.datetime(2024, 3, 10, 12, tzinfo=dt.UTC)
 DAY = NOON.date()
@@ -231,3 +237,32 @@ def test_combine_recomputes_later_windows_and_skips_unchanged_rows() -> None:
     new, _ = combine([part("messages_in", 0, "a", 1)], [], {})
     assert summary(new) == [("messages_in", 0, 1, 1, ("a", 1))]
     assert new[0]["window_end"] == minute(1)
+
+
+def day_nodes(
+    parts: list[dict[str, Any]], rows: list[dict[str, Any]]
+) -> tuple[int, dict[str, int]]:
+    """The day total and node parts combine_group reports (the same on every changed row)."""
+    result = combine_group(
+        pa.Table.from_pylist(parts, schema=USAGE_PARTIAL_SCHEMA),
+        pa.Table.from_pylist(rows, schema=USAGE_SCHEMA),
+    ).to_pylist()
+    reported = {
+        (r["day_total"], tuple((e["node"], e["value"]) for e in r["day_nodes"])) for r in result
+    }
+    ((total, nodes),) = reported
+    return total, dict(nodes)
+
+
+def test_combine_group_reports_each_nodes_part_of_the_day_total() -> None:
+    # The confirmed totals of issue 14: windows before the batch, untouched later ones and the
+    # changed ones all count, once each, and the parts add up to the day total.
+    rows = [
+        stored("messages_in", 1, 3, a=(3, 0)),
+        stored("messages_in", 2, 4, a=(1, 0)),
+        stored("messages_in", 4, 11, a=(5, 0), b=(2, 0)),
+    ]
+    parts = [part("messages_in", 2, "b", 10), part("messages_in", 3, "c", 4)]
+    assert day_nodes(parts, rows) == (25, {"a": 9, "b": 12, "c": 4})
+    assert day_nodes(parts, []) == (14, {"b": 10, "c": 4})
+    assert node_parts(rows) == {"a": 9, "b": 2}
