@@ -371,7 +371,13 @@ class Tenancy:
         self._update_blocked(tenant)
         if was is not None:
             return ()
-        log.info("tenant %s: local quota reached (%s %d of %d)", tenant, *_figures(reached))
+        log.info(
+            "tenant %s: local quota reached (%s %d of %d)",
+            tenant,
+            reached.metric,
+            reached.value,
+            reached.limit,
+        )
         details = {
             "metric": reached.metric,
             "limit": reached.limit,
@@ -458,10 +464,6 @@ def _parsed(parse: Callable[[bytes], _T], payload: bytes, what: str) -> _T | Non
     except (QuotaDecisionError, ControlMessageError) as exc:
         log.warning("%s ignored: %s", what, exc)
         return None
-
-
-def _figures(reached: Reached) -> tuple[str, int, int]:
-    return reached.metric, reached.value, reached.limit
 
 
 def take_token(bucket: float, bucket_at: float, rate: float, now: float) -> tuple[float, float]:
