@@ -5,25 +5,18 @@ decisions on a later attempt."""
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bench.brokers import free_port
 from sinks.mqtt import DecisionPublisher
 
 
 def decision(state: str, metric: str = "messages_per_day") -> bytes:
     doc = {"state": state, "metric": metric, "limit": 100, "value": 120, "decided_at": None}
     return json.dumps(doc).encode()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 def retained_decision(make_client: Any, port: int) -> bytes:

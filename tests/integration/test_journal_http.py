@@ -16,6 +16,7 @@ import pyarrow as pa
 import pytest
 from conftest import RunningEdge
 
+from bench.brokers import free_port
 from broker_edge.errors import ConfigError
 from broker_edge.settings import EdgeSettings
 from ingest import source
@@ -63,19 +64,12 @@ def http_port(edge: RunningEdge) -> int:
     return edge.node.http.port
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def test_a_batch_waits_for_its_nodes_edge_to_answer(
     make_edge: Any, tenants_file: Path, edge_settings: EdgeSettings, tmp_path: Path
 ) -> None:
     """Planning a batch that holds a node's records (a replay after a restart) waits for the
     node's edge, restarting or too busy to answer, instead of failing the query at once."""
-    port = _free_port()
+    port = free_port()
     reader = EdgebusStreamReader(
         SourceOptions(tmp_path / "journal", 100, None, (f"127.0.0.1:{port}",), "op-token")
     )
@@ -93,7 +87,7 @@ def test_a_batch_whose_edge_never_answers_fails_naming_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(source, "EDGE_WAIT_SECONDS", 1.0)
-    edge = f"127.0.0.1:{_free_port()}"  # nothing listens there
+    edge = f"127.0.0.1:{free_port()}"  # nothing listens there
     reader = EdgebusStreamReader(SourceOptions(tmp_path / "journal", 100, None, (edge,), None))
     began = time.monotonic()
     with pytest.raises(SourceError, match=rf"node 'edge-x' .*\({edge}\) .*asked for 1 s"):

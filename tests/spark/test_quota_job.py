@@ -7,7 +7,6 @@ import datetime as dt
 import importlib.util
 import json
 import queue
-import socket
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ from deltalake import DeltaTable
 from paho.mqtt.enums import CallbackAPIVersion
 from pyspark.sql import SparkSession
 
+from bench.brokers import free_port
 from broker_edge.plim import QuotaDecision
 from broker_edge.settings import EdgeSettings
 from sinks.delta import read_table
@@ -138,14 +138,6 @@ def clients(edge: Any) -> Iterator[Any]:
     yield _make
     for client in made:
         client.close()
-
-
-def free_port() -> int:
-    """A port nothing listens on (a broker that is down)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 class Limits:
