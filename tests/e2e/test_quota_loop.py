@@ -13,20 +13,17 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import paho.mqtt.client as mqtt
 import pytest
-from paho.mqtt.enums import CallbackAPIVersion
+from quota_clients import QUOTA_EXCEEDED, Client, wait_for
 
 from sinks.delta import read_table
 
@@ -34,7 +31,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 EDGEBUS = [sys.executable, "-m", "edgebus.cli"]
 ENV = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-QUOTA_EXCEEDED = 0x97
 # The pipeline's line when SIGHUP finds a broken tenants file (the edge logs its own).
 REFUSED_RELOAD = "SIGHUP: tenants file not reloaded, the quota step keeps the old one"
 LIMIT = 20
@@ -55,50 +51,10 @@ tokens = ["roomy-1"]
 """
 
 
-class Client:
-    """One MQTT 5 paho client that publishes QoS 1 one message at a time."""
-
-    def __init__(self, port: int, token: str, client_id: str) -> None:
-        self._connack: queue.Queue[int] = queue.Queue()
-        self._acks: queue.Queue[tuple[int, int]] = queue.Queue()
-        self.mqtt = mqtt.Client(
-            CallbackAPIVersion.VERSION2,
-            client_id=client_id,
-            protocol=mqtt.MQTTv5,
-            reconnect_on_failure=False,
-        )
-        self.mqtt.username_pw_set(token)
-        self.mqtt.on_connect = lambda c, u, f, rc, p: self._connack.put(rc.value)
-        self.mqtt.on_publish = lambda c, u, mid, rc, p: self._acks.put((mid, rc.value))
-        self.mqtt.connect("127.0.0.1", port)
-        self.mqtt.loop_start()
-        self.connack = self._connack.get(timeout=10)
-
-    def publish(self, topic: str = "fleet/v1/telemetry") -> int:
-        """The PUBACK reason code of one QoS 1 publish."""
-        info = self.mqtt.publish(topic, b'{"speed":42}', qos=1)
-        mid, code = self._acks.get(timeout=10)
-        assert mid == info.mid
-        return code
-
-    def close(self) -> None:
-        self.mqtt.disconnect()
-        self.mqtt.loop_stop()
-
-
 def connack_of(port: int, token: str, client_id: str) -> int:
     client = Client(port, token, client_id)
     client.close()
     return client.connack
-
-
-def wait_for(what: str, done: Callable[[], bool], timeout: float, *procs: Any) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        for proc in procs:
-            assert proc.poll() is None, f"{proc.args[3:6]} exited ({proc.returncode}) before {what}"
-        assert time.monotonic() < deadline, f"no {what} within {timeout:g} s"
-        time.sleep(0.2)
 
 
 def publish_until(client: Client, code: int, timeout: float, *procs: Any) -> int:
