@@ -8,8 +8,7 @@ echo "== mypy" && mypy
 echo "== pytest"
 set +e
 # Two workers: much of the suite waits (sockets, subprocesses, Spark's scheduling), not computes.
-# Whole files, the longest first (tests/conftest.py orders them; xdist must not reorder).
-pytest -n 2 --dist loadfile --no-loadscope-reorder "$@"
+pytest -n 2 --dist loadfile "$@"
 rc=$?
 set -e
 if [[ $rc -eq 5 ]]; then echo "pytest collected no tests: failing" >&2; exit 1; fi
