@@ -203,29 +203,42 @@ def frame(kind: int, body: bytes) -> bytes:
 
 
 class FrameBuffer:
-    """Bytes in, ``(kind, body)`` frames out; a frame longer than ``max_frame`` is an error."""
+    """Bytes in, ``(kind, body)`` frames out; a frame longer than ``max_frame`` is an error.
+
+    :meth:`pop` takes one frame at a time, so a caller may raise ``max_frame`` between two
+    frames of one read (a link admitted by the first: what follows it may be big)."""
 
     def __init__(self, max_frame: int) -> None:
         self.max_frame = max_frame
         self._buf = bytearray()
+        self._pos = 0  # where the next frame starts in _buf
 
-    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
-        buf = self._buf
-        buf += data
-        frames: list[tuple[int, bytes]] = []
-        start = 0
-        while len(buf) - start >= _HEADER.size:
+    def push(self, data: bytes) -> None:
+        self._buf += data
+
+    def pop(self) -> tuple[int, bytes] | None:
+        """The next whole frame, or None until more bytes come."""
+        buf, start = self._buf, self._pos
+        if len(buf) - start >= _HEADER.size:
             length, kind = _HEADER.unpack_from(buf, start)
             if length < 1 or length > self.max_frame:
                 raise MeshProtocolError(f"frame of {length} bytes (at most {self.max_frame})")
             if kind not in KINDS:
                 raise MeshProtocolError(f"unknown frame kind {kind}")
             end = start + 4 + length
-            if len(buf) < end:
-                break
-            frames.append((kind, bytes(buf[start + _HEADER.size : end])))
-            start = end
-        del buf[:start]
+            if len(buf) >= end:
+                self._pos = end
+                return kind, bytes(buf[start + _HEADER.size : end])
+        del buf[:start]  # every whole frame was taken: drop them at once
+        self._pos = 0
+        return None
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+        """:meth:`push`, then every whole frame."""
+        self.push(data)
+        frames: list[tuple[int, bytes]] = []
+        while (one := self.pop()) is not None:
+            frames.append(one)
         return frames
 
 

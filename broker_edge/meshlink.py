@@ -124,9 +124,12 @@ class Link(asyncio.Protocol):
                 return
             self._magic = self._magic[n:]
             data = data[n:]
+        frames = self.frames
+        frames.push(data)
         try:
-            for kind, body in self.frames.feed(data):
-                self.mesh.handle(self, kind, body)
+            # One at a time: a WELCOME raises the frame bound for what follows it in this read.
+            while (one := frames.pop()) is not None:
+                self.mesh.handle(self, *one)
                 if self.transport is None or self.transport.is_closing():
                     return
         except MeshProtocolError as exc:

@@ -192,12 +192,13 @@ def test_what_an_edge_missed_while_down_reaches_it_when_it_is_back(
     on_a.publish("away/a", b"set on a", qos=1, retain=True)
     # QoS 0 while c is away: only the peers' retained sets bring these.
     on_b.publish("away/gone-too", b"", qos=0, retain=True)
-    on_b.publish("away/b", b"set on b", qos=0, retain=True)
+    big = b"b" * 20_000  # comes in the read of the WELCOME: bigger than a handshake frame
+    on_b.publish("away/b", big, qos=0, retain=True)
     _decide(a, "globex", "blocked")
     try:
         c.start()
         wait_links_up(c)
-        wanted = {"away/a": b"set on a", "away/b": b"set on b"}
+        wanted = {"away/a": b"set on a", "away/b": big}
         _until_retained(make_client, c, ACME, "away/#", wanted)
         _until_code(c, GLOBEX, QUOTA_EXCEEDED)
         assert _sys_int(c, "mesh/retained/received") > 0  # since its start: the peers' sets

@@ -67,6 +67,25 @@ def test_publish_frame_round_trips_whole_and_byte_by_byte() -> None:
     assert mesh.parse_ack(whole[1][1]) == (1, 2, 3)
 
 
+def test_a_big_frame_right_after_the_welcome_is_read_once_the_bound_is_raised() -> None:
+    """What an acceptor sends right after its WELCOME (what was not acknowledged, its retained
+    set) often comes in the same read: the dialer raises its bound between the two frames."""
+    big = mesh.publish_frame(_message(payload=b"x" * 10_000))
+    frames = FrameBuffer(mesh.MAX_HELLO_FRAME)
+    frames.push(mesh.welcome("a", 1) + big + mesh.PING_FRAME[:3])
+    first = frames.pop()
+    assert first is not None
+    assert first[0] == mesh.WELCOME
+    frames.max_frame = 1 << 20
+    second = frames.pop()
+    assert second is not None
+    assert mesh.parse_publish(second[1], "a").payload == b"x" * 10_000
+    assert frames.pop() is None  # half a PING so far
+    assert frames.feed(mesh.PING_FRAME[3:]) == [(mesh.PING, b"")]
+    with pytest.raises(MeshProtocolError):  # without raising it: too big
+        FrameBuffer(mesh.MAX_HELLO_FRAME).feed(mesh.welcome("a", 1) + big)
+
+
 def test_publish_without_properties() -> None:
     frames = FrameBuffer(1 << 20).feed(mesh.publish_frame(_message(properties=Properties())))
     got = mesh.parse_publish(frames[0][1], "edge-a")
