@@ -4,6 +4,7 @@ mesh, whatever order the sets and clears reach an edge in."""
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 
@@ -77,3 +78,25 @@ def test_tombstones_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     for i in range(5):
         store.set(_m(b"", 10 + i, "edge-a", topic=f"t/{i}"))
     assert [m.topic for m in store.state()] == ["t/2", "t/3", "t/4"]
+
+
+def test_a_snapshot_keeps_tombstones_and_origins(tmp_path: Path) -> None:
+    from broker_edge import store
+
+    held = RetainedStore()
+    held.set(_m(b"from a peer", 10, "edge-a", seq=3, topic="kept"))
+    held.set(_m(b"x", 10, "edge-b", topic="cleared"))
+    held.set(_m(b"", 20, "edge-c", seq=9, topic="cleared"))
+    path = tmp_path / "snapshot.json"
+    store.write_encoded(path, store.encode(1, [], list(held.state())))
+    snapshot = store.load(path, max_queued=10, max_inflight=10, now=0.0)
+    assert snapshot is not None
+    restored = RetainedStore()
+    for message in snapshot.retained:
+        restored.set(message)
+    versions = [(m.topic, m.payload, m.ts_us, m.origin, m.seq) for m in restored.state()]
+    assert versions == [
+        ("kept", b"from a peer", 10, "edge-a", 3),
+        ("cleared", b"", 20, "edge-c", 9),
+    ]
+    assert not restored.set(_m(b"late", 15, "edge-b", topic="cleared"))  # still cleared
