@@ -7,7 +7,8 @@ the broker: it forwards the node's publishes (``Broker.mesh.forward``; QoS 1/2 o
 journal record is durable), delivers the peers' (``Broker.deliver_remote``), acknowledges them
 when the node's snapshots hold them (:meth:`Mesh.covered`), tells the peers what this node's
 sessions want, rebuilds what its peers had not acknowledged from the journal when the node
-starts (:meth:`Mesh.restore`, :meth:`Mesh.replay`), publishes
+starts (:meth:`Mesh.restore`, :meth:`Mesh.replay`), sends a peer whose link comes up every
+retained message and tombstone that crosses to it (:meth:`Mesh._send_retained`), publishes
 ``link_up`` / ``link_down`` / ``link_refused`` in the operator's ``$log`` and keeps each peer's
 state for ``$SYS/broker/mesh/peers/{HOST:PORT}``.
 
