@@ -205,3 +205,26 @@ def test_what_an_edge_missed_while_down_reaches_it_when_it_is_back(
     finally:
         _decide(a, "globex", "ok")
     _until_code(c, GLOBEX, 0)
+
+
+def test_a_peers_retained_message_outlives_a_sigkill_in_the_receivers_snapshot(
+    edges: list[EdgeProcess], make_client: Any
+) -> None:
+    """Not in c's journal (its origin's holds it): c's snapshot keeps it, so c serves it after
+    a SIGKILL even with no peer up to send it again."""
+    a, b, c = edges
+    make_client(port=a.mqtt_port, username=ACME).publish("kept/x", b"from a", 1, retain=True)
+    _until_retained(make_client, c, ACME, "kept/#", {"kept/x": b"from a"})
+    snapshot = c.data_dir / "state" / c.node / "snapshot.json"
+    wait_for("c's snapshot of it", lambda: b'"kept/x"' in snapshot.read_bytes(), SETTLE)
+    c.kill()
+    a.stop()
+    b.stop()
+    c.start()
+    try:
+        assert _retained(make_client, c, ACME, "kept/#") == {"kept/x": b"from a"}
+    finally:
+        a.start()
+        b.start()
+    for edge in edges:
+        wait_links_up(edge)
