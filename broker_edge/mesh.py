@@ -60,8 +60,11 @@ the issue is silent: edges' clocks are assumed in sync (NTP): a retained publish
 whose clock is behind the time of the one held loses, on that edge too; a stale live retained
 publish is still delivered live (it was published) but not kept; tombstones are kept up to
 ``retained.MAX_CLEARED`` per tenant (the oldest forgotten beyond); whole sets rather than a
-digest (retained messages are few; a digest is left for later); only content type and user
-properties cross with a message (a message expiry interval does not).
+digest (retained messages are few; a digest is left for later); a message's content type, user
+properties and expiry interval cross with it (its other MQTT 5 properties do not), and a
+receiver counts the expiry from the origin's time, as the origin does. A journal notice is not
+journaled (it has no seq to be resent by): it crosses at once if the link is up, as QoS 0, and
+else with the link's retained set when it comes up.
 
 The operator's decisions apply on every edge as if published there: an edge that takes a
 crossing (or synced) ``$control/...`` message applies it as the tenancy would a local one, and
@@ -146,6 +149,7 @@ KINDS = frozenset(
 _HEADER = struct.Struct(">IB")  # length of what follows the length, kind
 _PUBLISH = struct.Struct(">QQBB")  # seq, ts_us, qos, retain
 _U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 
 # Edge-made "$" topics that cross links (each names its node); every other "$" topic is local,
@@ -405,7 +409,12 @@ def publish_frame(message: Message) -> bytes:
     _put_str(parts, message.client_id)
     _put_str(parts, message.topic)
     _put_str(parts, props.content_type if props.content_type is not None else "")
-    parts.append(bytes((props.content_type is not None,)))
+    expiry = props.message_expiry_interval
+    # Flags: a content type (bit 0), a message expiry interval (bit 1: its u32 follows), which
+    # the receiver counts from the origin's time like the origin [MQTT-3.3.2-5].
+    parts.append(bytes(((props.content_type is not None) | (expiry is not None) << 1,)))
+    if expiry is not None:
+        parts.append(_U32.pack(expiry))
     parts.append(_U16.pack(len(props.user_properties)))
     for key, value in props.user_properties:
         _put_str(parts, key)
@@ -448,9 +457,16 @@ def parse_publish(body: bytes, origin: str) -> Message:
             (n,) = _U16.unpack_from(body, pos)
             strings.append(body[pos + 2 : pos + 2 + n].decode())
             pos += 2 + n
-        has_type = body[pos]
-        (count,) = _U16.unpack_from(body, pos + 1)
-        pos += 3
+        flags = body[pos]
+        if flags > 3:
+            raise MeshProtocolError(f"PUBLISH: unknown flags {flags:#x}")
+        pos += 1
+        expiry = None
+        if flags & 2:
+            (expiry,) = _U32.unpack_from(body, pos)
+            pos += 4
+        (count,) = _U16.unpack_from(body, pos)
+        pos += 2
         pairs: list[str] = []
         for _ in range(count * 2):
             (n,) = _U16.unpack_from(body, pos)
@@ -465,8 +481,12 @@ def parse_publish(body: bytes, origin: str) -> Message:
         raise MeshProtocolError("PUBLISH: empty topic or tenant")
     props = NO_PROPERTIES
     user = tuple(zip(pairs[::2], pairs[1::2], strict=True))
-    if has_type or user:
-        props = Properties(content_type=content_type if has_type else None, user_properties=user)
+    if flags or user:
+        props = Properties(
+            content_type=content_type if flags & 1 else None,
+            message_expiry_interval=expiry,
+            user_properties=user,
+        )
     return Message(
         tenant, topic, payload, qos_value, bool(retain), client_id, ts_us, props, seq, origin
     )

@@ -86,6 +86,20 @@ def test_a_big_frame_right_after_the_welcome_is_read_once_the_bound_is_raised() 
         FrameBuffer(mesh.MAX_HELLO_FRAME).feed(mesh.welcome("a", 1) + big)
 
 
+def test_a_message_expiry_interval_crosses() -> None:
+    props = Properties(content_type=None, message_expiry_interval=0x01020304)
+    frames = FrameBuffer(1 << 20).feed(mesh.publish_frame(_message(properties=props)))
+    got = mesh.parse_publish(frames[0][1], "edge-a")
+    assert got.properties.message_expiry_interval == 0x01020304
+    assert got.properties.content_type is None
+    body = bytearray(frames[0][1])
+    flags_at = body.index(b"fleet/v1/telemetry") + len("fleet/v1/telemetry") + 2  # empty type
+    assert body[flags_at] == 2
+    body[flags_at] = 4  # a flag this version does not know
+    with pytest.raises(MeshProtocolError, match="flags"):
+        mesh.parse_publish(bytes(body), "edge-a")
+
+
 def test_publish_without_properties() -> None:
     frames = FrameBuffer(1 << 20).feed(mesh.publish_frame(_message(properties=Properties())))
     got = mesh.parse_publish(frames[0][1], "edge-a")

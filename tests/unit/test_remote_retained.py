@@ -9,7 +9,7 @@ from test_sysstats import FakeJournal, Peer
 
 from broker_edge.broker import Broker
 from broker_edge.message import Message
-from broker_edge.packets import Publish, QoS, Subscribe, Subscription
+from broker_edge.packets import Properties, Publish, QoS, Subscribe, Subscription
 from broker_edge.settings import EdgeSettings
 from broker_edge.tenants import OPERATOR_TENANT
 from schemas.journal import DEFAULT_TENANT
@@ -107,3 +107,16 @@ def test_a_decision_from_a_peer_applies_here_unless_an_older_one() -> None:
     assert "acme" in broker.tenancy.blocked
     broker.retain_remote(_decided("edge-c", 30, "ok"))
     assert "acme" not in broker.tenancy.blocked
+
+
+def test_a_peers_retained_message_expires_by_its_origins_time() -> None:
+    broker, _ = _broker()  # its clock: 1 ms after the epoch
+    props = Properties(message_expiry_interval=2)
+    expired = Message(DEFAULT_TENANT, "fleet/old", b"o", QoS.AT_LEAST_ONCE, True, "dev",
+                      1_000 - 3_000_000, props, 1, "edge-a")  # fmt: skip
+    fresh = Message(DEFAULT_TENANT, "fleet/new", b"n", QoS.AT_LEAST_ONCE, True, "dev",
+                    1_000 - 1_000_000, props, 2, "edge-a")  # fmt: skip
+    broker.retain_remote(expired)
+    broker.retain_remote(fresh)
+    later = _subscribe(broker, "later", "fleet/#")
+    assert [p.topic for p in _publishes(later)] == ["fleet/new"]
