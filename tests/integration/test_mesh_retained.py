@@ -8,15 +8,23 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from schemas.control import ConfirmedUsage
 from sinks.mqtt import DecisionPublisher
 from tests.helpers.edge_process import OPERATOR_TOKEN, TENANT_TOKEN, EdgeProcess
 from tests.helpers.mesh_clients import SETTLE, settle
-from tests.helpers.mesh_edges import GLOBEX, meshed, sys_values, wait_links_up
+from tests.helpers.mesh_edges import (
+    GLOBEX,
+    GLOBEX_DAY_LIMIT,
+    meshed,
+    sys_values,
+    wait_links_up,
+)
 from tests.helpers.quota_clients import QUOTA_EXCEEDED, wait_for
 from tests.helpers.quota_clients import Client as V5Client
 
@@ -141,6 +149,36 @@ def test_a_decision_published_to_one_edge_applies_on_every_edge(
     finally:
         _decide(a, "globex", "ok")
     for edge in (b, c, a):
+        _until_code(edge, GLOBEX, 0)
+
+
+def _confirmed(edge: EdgeProcess, others: int) -> None:
+    """The pipeline, given this one edge, confirms globex's day total: ``others`` messages in
+    on a node of no edge here (so every edge adds them to its own count)."""
+    usage = ConfirmedUsage(
+        "globex",
+        datetime.now(UTC).date(),
+        {"messages_in": (others, {"edge-x": others})},
+        {"messages_per_day": GLOBEX_DAY_LIMIT},
+        "2026-11-27T00:00:00Z",
+    )
+    publisher = DecisionPublisher([("127.0.0.1", edge.mqtt_port)], OPERATOR_TOKEN)
+    assert publisher.publish({"$control/usage/globex": [usage.payload()]}) == []
+
+
+def test_confirmed_usage_published_to_one_edge_applies_on_every_edge(
+    edges: list[EdgeProcess],
+) -> None:
+    """Each edge's local quota adds the confirmed totals to its own count: at the limit, each
+    stops the tenant by itself."""
+    a, b, c = edges
+    _confirmed(b, GLOBEX_DAY_LIMIT)
+    try:
+        for edge in (a, c, b):
+            _until_code(edge, GLOBEX, QUOTA_EXCEEDED)
+    finally:
+        _confirmed(b, 0)
+    for edge in (a, c, b):
         _until_code(edge, GLOBEX, 0)
 
 
