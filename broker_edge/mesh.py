@@ -401,10 +401,11 @@ def _put_str(parts: list[bytes], text: str) -> None:
     parts.append(data)
 
 
-def publish_frame(message: Message) -> bytes:
-    """One crossing message (its origin is the link's other end)."""
+def publish_frame(message: Message, qos: QoS | None = None) -> bytes:
+    """One crossing message (its origin is the link's other end), at ``qos`` if given."""
     props = message.properties
-    parts = [_PUBLISH.pack(message.seq, message.ts_us, int(message.qos), message.retain)]
+    qos = message.qos if qos is None else qos
+    parts = [_PUBLISH.pack(message.seq, message.ts_us, int(qos), message.retain)]
     _put_str(parts, message.tenant)
     _put_str(parts, message.client_id)
     _put_str(parts, message.topic)

@@ -497,10 +497,7 @@ class Mesh:
         link = self.inbound.get(node)
         if link is None:
             return
-        m = message
-        copy = Message(m.tenant, m.topic, m.payload, QoS.AT_MOST_ONCE, m.retain, m.client_id,
-                       m.ts_us, m.properties, 0, m.origin)  # fmt: skip
-        link.send(mesh.publish_frame(copy))
+        link.send(mesh.publish_frame(message, QoS.AT_MOST_ONCE))
         self.forwarded += 1
 
     def _when_durable(self, message: Message, nodes: list[str]) -> None:
