@@ -155,6 +155,7 @@ class Broker:
         local_operator_token: str | None = None,
     ) -> None:
         self.settings = settings
+        self.node_id = settings.node_id  # the origin of what is accepted here
         self.journal = journal
         self.wall_clock_us = wall_clock_us
         self.limits = ConnLimits.of(settings)
@@ -693,23 +694,44 @@ class Broker:
                 props.content_type,
                 props.user_properties,
             )
-        message = Message(tenant, topic, packet.payload, qos, retain, client_id, ts_us, props, seq)
-        if self.mesh is not None and seq:
+        message = Message(
+            tenant, topic, packet.payload, qos, retain, client_id, ts_us, props, seq, self.node_id
+        )
+        if self.mesh is not None:
             # First: what this publish sets off (a log event of a queue overflowing, a quota
             # decision's) is journaled after it, and peers must get it in seq order too.
             self.mesh.forward(message)
         if tenant == OPERATOR_TENANT:
-            self.control(self.tenancy.control_message(tenant, topic, packet.payload))
-        deliveries = self.router.route(message, publisher)
+            self.take(message)
+            deliveries = self.router.route(message, publisher, retain=False)
+        else:
+            deliveries = self.router.route(message, publisher)
         if deliveries is not None:
             self.outbox.deliver(deliveries)
         return seq
 
+    def take(self, message: Message) -> bool:
+        """Retain ``message`` if it asks to be and is the newest of its topic (see
+        broker_edge.retained), and carry out an operator's control message then (or when it is
+        not retained): a decision older than the one held is not applied, on any edge. True
+        unless it was an older retained message."""
+        if message.retain and not self.router.retain(message):
+            return False
+        if message.tenant == OPERATOR_TENANT:
+            self.control(
+                self.tenancy.control_message(message.tenant, message.topic, message.payload)
+            )
+        return True
+
     def deliver_remote(self, message: Message) -> bool:
-        """A publish a peer accepted (broker_edge.mesh): to this node's sessions, counted in
-        their deliveries; not journaled (its origin did), never forwarded again. True when a
-        persistent session took it at QoS 1/2 (only a snapshot makes that survive a crash)."""
-        deliveries = self.router.route(message, None)
+        """A publish a peer accepted (broker_edge.mesh): retained here if it is the newest of
+        its topic and applied here if it is the operator's (as if published here), then to
+        this node's sessions, counted in their deliveries; not journaled (its origin did),
+        never forwarded again. True when a persistent session took it at QoS 1/2 (only a
+        snapshot makes that survive a crash)."""
+        if self.take(message) and message.retain:
+            self.state_changed = True  # not in this node's journal: snapshot it soon
+        deliveries = self.router.route(message, None, retain=False)
         if deliveries is None:
             return False
         self.outbox.deliver(deliveries)
@@ -844,6 +866,16 @@ class Broker:
     def retained_messages(self) -> list[Message]:
         return self.router.retained_messages()
 
+    def retain_remote(self, message: Message) -> None:
+        """A peer's retained message (or tombstone) as its link came up (broker_edge.mesh):
+        kept and applied if it is newer than what this node holds, delivered to nobody."""
+        if self.take(message):
+            self.state_changed = True
+
+    def retained_state(self) -> list[Message]:
+        """Retained messages and tombstones (what a snapshot keeps, a new link is sent)."""
+        return self.router.retained_state()
+
     def restore(self, sessions: Iterable[Session], retained: Iterable[Message]) -> None:
         """Install sessions and retained messages read from a snapshot (before serving)."""
         router = self.router
@@ -860,8 +892,8 @@ class Broker:
     def replay(self, message: Message) -> None:
         """Re-apply a journal record written after the snapshot: retain it, queue it for the
         (offline) persistent sessions it matches. Not journaled again, not counted."""
-        self.control(self.tenancy.control_message(message.tenant, message.topic, message.payload))
-        deliveries = self.router.route(message, None)
+        self.take(message)
+        deliveries = self.router.route(message, None, retain=False)
         if deliveries is not None:
             self.outbox.deliver(deliveries)
 

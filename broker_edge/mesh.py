@@ -34,8 +34,43 @@ publish made between the link's admission and the end of the set is not missed.
 The origin keeps each peer's filters in a trie per tenant (:class:`PeerRoutes`) and sends a
 publish once to each peer with a matching filter. Only the origin journals a publish: the
 receiver routes it to its own sessions and never forwards it again (one hop, no loops).
-What crosses (:func:`crosses`): the tenants' own topics and the edge-made ``$log/`` and
-``$counters/`` (they name their node); ``$SYS``, ``$control`` and ``$quota`` are each node's own.
+What crosses (:func:`reach`): the tenants' own topics and the edge-made ``$log/`` and
+``$counters/`` (they name their node) go by the peers' filters; the operator's decisions and
+confirmed usage (``$control/quota/``, ``$control/usage/``) go to every peer, and a journal
+notice (``$control/journal/{node}``) to the peer that is that node (each edge deletes only its
+own segments); ``$SYS``, ``$quota`` (each edge makes its own from the decision it applies) and
+every other ``$`` topic are each node's own. A peer's frame on a topic that does not cross to
+the receiver is a protocol error.
+
+Retained messages are mesh-wide. Every edge keeps, per tenant namespace and topic, the newest
+retained message by *version* ``(origin ts, origin node, origin seq)`` (see
+:mod:`broker_edge.retained`; a clear is kept as a tombstone with its version, so a set older
+than a clear stays cleared whichever reaches an edge first): the same rule everywhere, so the
+edges agree whatever order publishes reach them in. A retained publish (set or clear) crosses
+to *every* peer, whatever its filters, as one PUBLISH frame (with its retain flag; QoS 1/2 kept
+in Unacked like any other): the receiver keeps it if it is newer, and routes it to its own
+sessions by its own filters like any crossing publish, so a live subscriber gets it once. When
+a link comes up its acceptor sends, after what the peer had not acknowledged, every retained
+message and tombstone it holds that crosses to that peer (:data:`RETAINED` frames, whatever
+their origin: a peer that was away, restarted or is new gets what it missed even while the
+origin itself is down), which the receiver keeps where newer and delivers to nobody. Retained
+copies from peers are in the receiver's snapshots (taken soon after one is kept: they are not
+in its journal); what a crash lost of them comes back with the next link's sets. Chosen where
+the issue is silent: edges' clocks are assumed in sync (NTP): a retained publish on an edge
+whose clock is behind the time of the one held loses, on that edge too; a stale live retained
+publish is still delivered live (it was published) but not kept; tombstones are kept up to
+``retained.MAX_CLEARED`` per tenant (the oldest forgotten beyond); whole sets rather than a
+digest (retained messages are few; a digest is left for later); a message's content type, user
+properties and expiry interval cross with it (its other MQTT 5 properties do not), and a
+receiver counts the expiry from the origin's time, as the origin does. A journal notice is not
+journaled (it has no seq to be resent by): it crosses at once if the link is up, as QoS 0, and
+else with the link's retained set when it comes up.
+
+The operator's decisions apply on every edge as if published there: an edge that takes a
+crossing (or synced) ``$control/...`` message applies it as the tenancy would a local one, and
+only when it is the newest retained message of its topic there (a decision older than the one
+held is not applied, on any edge). The pipeline so needs one ``--broker``. Tenants still cannot
+publish any ``$control`` topic (the tenancy's rule, on each edge); a link is the operator's.
 
 QoS: the seq of a crossing message is its journal seq at the origin (unique and increasing per
 node, and never given out again once durable). A QoS 0 message crosses at once and is never
@@ -82,11 +117,19 @@ from dataclasses import dataclass
 from broker_edge.errors import EdgeError
 from broker_edge.message import Message
 from broker_edge.packets import NO_PROPERTIES, Properties, QoS
+from broker_edge.tenants import OPERATOR_TENANT
 from broker_edge.topics import InvalidTopic
 from broker_edge.trie import TopicTrie
+from schemas.topics import (
+    CONTROL_TOPIC_PREFIX,
+    JOURNAL_CONTROL_TOPIC_PREFIX,
+    USAGE_CONTROL_TOPIC_PREFIX,
+)
 
 MAGIC = b"\x00EBMESH1"
-VERSION = 2  # 2: QoS 1/2 seqs are durable at the origin (Dedup outlives a run)
+# 2: QoS 1/2 seqs are durable at the origin (Dedup outlives a run); 3: retained messages and
+# the operator's decisions cross (PUBLISH keeps its retain flag; RETAINED)
+VERSION = 3
 
 HELLO = 1
 WELCOME = 2
@@ -98,15 +141,21 @@ PING = 7
 CHALLENGE = 8
 AUTH = 9
 SYNCED = 10
-KINDS = frozenset({HELLO, WELCOME, REFUSE, INTEREST, PUBLISH, ACK, PING, CHALLENGE, AUTH, SYNCED})
+RETAINED = 11
+KINDS = frozenset(
+    {HELLO, WELCOME, REFUSE, INTEREST, PUBLISH, ACK, PING, CHALLENGE, AUTH, SYNCED, RETAINED}
+)
 
 _HEADER = struct.Struct(">IB")  # length of what follows the length, kind
 _PUBLISH = struct.Struct(">QQBB")  # seq, ts_us, qos, retain
 _U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 
-# Edge-made "$" topics that cross links (each names its node); every other "$" topic is local.
+# Edge-made "$" topics that cross links (each names its node); every other "$" topic is local,
+# but for the operator's decisions (DECIDED_PREFIXES) and journal notices (reach).
 CROSSING_PREFIXES = ("$log/", "$counters/")
+DECIDED_PREFIXES = (CONTROL_TOPIC_PREFIX, USAGE_CONTROL_TOPIC_PREFIX)
 # Messages waiting for one peer's acknowledgement at most (the oldest go first beyond).
 MAX_UNACKED = 100_000
 MAX_UNACKED_BYTES = 64 * 2**20
@@ -118,9 +167,36 @@ class MeshProtocolError(EdgeError):
     """The other end of a link broke the link protocol (the link is closed)."""
 
 
-def crosses(topic: str) -> bool:
-    """Whether a message on ``topic`` may go to peers (see the theory of operation)."""
-    return topic[0] != "$" or topic.startswith(CROSSING_PREFIXES)
+# Which peers a message goes to (reach): none; those whose filters match it (all of them for
+# a retained message); every peer; the one peer whose node the topic names.
+LOCAL, FILTERS, EVERY = "", "*filters", "*every"
+
+
+def reach(tenant: str, topic: str) -> str:
+    """Which peers a message of ``tenant`` on ``topic`` goes to (see the theory of operation):
+    LOCAL, FILTERS, EVERY, or a peer's node id (a journal notice: that node's own)."""
+    if topic[0] != "$" or topic.startswith(CROSSING_PREFIXES):
+        return FILTERS
+    if tenant != OPERATOR_TENANT:
+        return LOCAL
+    if topic.startswith(DECIDED_PREFIXES):
+        return EVERY
+    if topic.startswith(JOURNAL_CONTROL_TOPIC_PREFIX):
+        node = topic[len(JOURNAL_CONTROL_TOPIC_PREFIX) :]
+        return node if node and "/" not in node else LOCAL
+    return LOCAL
+
+
+def crosses(tenant: str, topic: str) -> bool:
+    """Whether a message of ``tenant`` on ``topic`` may go to any peer."""
+    return reach(tenant, topic) != LOCAL
+
+
+def goes_to(tenant: str, topic: str, node: str) -> bool:
+    """Whether a retained message of ``tenant`` on ``topic`` goes to peer ``node`` (what a
+    link coming up sends it: every one that crosses, a journal notice only to its node)."""
+    where = reach(tenant, topic)
+    return where in (FILTERS, EVERY) or where == node
 
 
 # -- frames ------------------------------------------------------------------------------------
@@ -131,29 +207,42 @@ def frame(kind: int, body: bytes) -> bytes:
 
 
 class FrameBuffer:
-    """Bytes in, ``(kind, body)`` frames out; a frame longer than ``max_frame`` is an error."""
+    """Bytes in, ``(kind, body)`` frames out; a frame longer than ``max_frame`` is an error.
+
+    :meth:`pop` takes one frame at a time, so a caller may raise ``max_frame`` between two
+    frames of one read (a link admitted by the first: what follows it may be big)."""
 
     def __init__(self, max_frame: int) -> None:
         self.max_frame = max_frame
         self._buf = bytearray()
+        self._pos = 0  # where the next frame starts in _buf
 
-    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
-        buf = self._buf
-        buf += data
-        frames: list[tuple[int, bytes]] = []
-        start = 0
-        while len(buf) - start >= _HEADER.size:
+    def push(self, data: bytes) -> None:
+        self._buf += data
+
+    def pop(self) -> tuple[int, bytes] | None:
+        """The next whole frame, or None until more bytes come."""
+        buf, start = self._buf, self._pos
+        if len(buf) - start >= _HEADER.size:
             length, kind = _HEADER.unpack_from(buf, start)
             if length < 1 or length > self.max_frame:
                 raise MeshProtocolError(f"frame of {length} bytes (at most {self.max_frame})")
             if kind not in KINDS:
                 raise MeshProtocolError(f"unknown frame kind {kind}")
             end = start + 4 + length
-            if len(buf) < end:
-                break
-            frames.append((kind, bytes(buf[start + _HEADER.size : end])))
-            start = end
-        del buf[:start]
+            if len(buf) >= end:
+                self._pos = end
+                return kind, bytes(buf[start + _HEADER.size : end])
+        del buf[:start]  # every whole frame was taken: drop them at once
+        self._pos = 0
+        return None
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+        """:meth:`push`, then every whole frame."""
+        self.push(data)
+        frames: list[tuple[int, bytes]] = []
+        while (one := self.pop()) is not None:
+            frames.append(one)
         return frames
 
 
@@ -312,15 +401,21 @@ def _put_str(parts: list[bytes], text: str) -> None:
     parts.append(data)
 
 
-def publish_frame(message: Message) -> bytes:
-    """One crossing message (its origin is the link's other end)."""
+def publish_frame(message: Message, qos: QoS | None = None) -> bytes:
+    """One crossing message (its origin is the link's other end), at ``qos`` if given."""
     props = message.properties
-    parts = [_PUBLISH.pack(message.seq, message.ts_us, int(message.qos), message.retain)]
+    qos = message.qos if qos is None else qos
+    parts = [_PUBLISH.pack(message.seq, message.ts_us, int(qos), message.retain)]
     _put_str(parts, message.tenant)
     _put_str(parts, message.client_id)
     _put_str(parts, message.topic)
     _put_str(parts, props.content_type if props.content_type is not None else "")
-    parts.append(bytes((props.content_type is not None,)))
+    expiry = props.message_expiry_interval
+    # Flags: a content type (bit 0), a message expiry interval (bit 1: its u32 follows), which
+    # the receiver counts from the origin's time like the origin [MQTT-3.3.2-5].
+    parts.append(bytes(((props.content_type is not None) | (expiry is not None) << 1,)))
+    if expiry is not None:
+        parts.append(_U32.pack(expiry))
     parts.append(_U16.pack(len(props.user_properties)))
     for key, value in props.user_properties:
         _put_str(parts, key)
@@ -329,9 +424,32 @@ def publish_frame(message: Message) -> bytes:
     return frame(PUBLISH, b"".join(parts))
 
 
-def parse_publish(body: bytes) -> Message:
-    """A PUBLISH frame back into a message, not retained here (retained messages are each
-    edge's own in this increment) and not journaled (seq: the origin's)."""
+def retained_frame(message: Message) -> bytes:
+    """A retained message (or tombstone) of the sender's store, for a link that came up: its
+    origin node (any edge's), then as in a PUBLISH."""
+    origin = message.origin.encode()
+    body = publish_frame(message)[_HEADER.size :]
+    return frame(RETAINED, _U16.pack(len(origin)) + origin + body)
+
+
+def parse_retained(body: bytes) -> Message:
+    """A RETAINED frame back into the message (its ``origin`` as the frame names it)."""
+    try:
+        (n,) = _U16.unpack_from(body, 0)
+        origin = body[2 : 2 + n].decode()
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise MeshProtocolError(f"RETAINED: malformed ({exc})") from exc
+    if not origin or "/" in origin or len(body) < 2 + n:
+        raise MeshProtocolError("RETAINED: bad origin")
+    message = parse_publish(body[2 + n :], origin)
+    if not message.retain:
+        raise MeshProtocolError("RETAINED: not a retained message")
+    return message
+
+
+def parse_publish(body: bytes, origin: str) -> Message:
+    """A PUBLISH frame from ``origin`` back into a message, not journaled here (seq: the
+    origin's)."""
     try:
         seq, ts_us, qos, retain = _PUBLISH.unpack_from(body, 0)
         pos = _PUBLISH.size
@@ -340,9 +458,16 @@ def parse_publish(body: bytes) -> Message:
             (n,) = _U16.unpack_from(body, pos)
             strings.append(body[pos + 2 : pos + 2 + n].decode())
             pos += 2 + n
-        has_type = body[pos]
-        (count,) = _U16.unpack_from(body, pos + 1)
-        pos += 3
+        flags = body[pos]
+        if flags > 3:
+            raise MeshProtocolError(f"PUBLISH: unknown flags {flags:#x}")
+        pos += 1
+        expiry = None
+        if flags & 2:
+            (expiry,) = _U32.unpack_from(body, pos)
+            pos += 4
+        (count,) = _U16.unpack_from(body, pos)
+        pos += 2
         pairs: list[str] = []
         for _ in range(count * 2):
             (n,) = _U16.unpack_from(body, pos)
@@ -357,10 +482,15 @@ def parse_publish(body: bytes) -> Message:
         raise MeshProtocolError("PUBLISH: empty topic or tenant")
     props = NO_PROPERTIES
     user = tuple(zip(pairs[::2], pairs[1::2], strict=True))
-    if has_type or user:
-        props = Properties(content_type=content_type if has_type else None, user_properties=user)
-    del retain  # a crossing copy is never stored as retained (see the theory of operation)
-    return Message(tenant, topic, payload, qos_value, False, client_id, ts_us, props, seq)
+    if flags or user:
+        props = Properties(
+            content_type=content_type if flags & 1 else None,
+            message_expiry_interval=expiry,
+            user_properties=user,
+        )
+    return Message(
+        tenant, topic, payload, qos_value, bool(retain), client_id, ts_us, props, seq, origin
+    )
 
 
 # -- routing state -----------------------------------------------------------------------------
@@ -670,6 +800,7 @@ __all__ = [
     "PING",
     "PUBLISH",
     "REFUSE",
+    "RETAINED",
     "SYNCED",
     "WELCOME",
     "AckGate",
@@ -684,5 +815,8 @@ __all__ = [
     "Unacked",
     "crosses",
     "frame",
+    "goes_to",
     "publish_frame",
+    "reach",
+    "retained_frame",
 ]

@@ -7,7 +7,8 @@ the broker: it forwards the node's publishes (``Broker.mesh.forward``; QoS 1/2 o
 journal record is durable), delivers the peers' (``Broker.deliver_remote``), acknowledges them
 when the node's snapshots hold them (:meth:`Mesh.covered`), tells the peers what this node's
 sessions want, rebuilds what its peers had not acknowledged from the journal when the node
-starts (:meth:`Mesh.restore`, :meth:`Mesh.replay`), publishes
+starts (:meth:`Mesh.restore`, :meth:`Mesh.replay`), sends a peer whose link comes up every
+retained message and tombstone that crosses to it (:meth:`Mesh._send_retained`), publishes
 ``link_up`` / ``link_down`` / ``link_refused`` in the operator's ``$log`` and keeps each peer's
 state for ``$SYS/broker/mesh/peers/{HOST:PORT}``.
 
@@ -40,6 +41,7 @@ from broker_edge.mesh import (
     Unacked,
 )
 from broker_edge.message import Message
+from broker_edge.packets import QoS
 from broker_edge.settings import EdgeSettings
 from broker_edge.tenants import OPERATOR_TENANT
 
@@ -123,9 +125,12 @@ class Link(asyncio.Protocol):
                 return
             self._magic = self._magic[n:]
             data = data[n:]
+        frames = self.frames
+        frames.push(data)
         try:
-            for kind, body in self.frames.feed(data):
-                self.mesh.handle(self, kind, body)
+            # One at a time: a WELCOME raises the frame bound for what follows it in this read.
+            while (one := frames.pop()) is not None:
+                self.mesh.handle(self, *one)
                 if self.transport is None or self.transport.is_closing():
                     return
         except MeshProtocolError as exc:
@@ -204,6 +209,8 @@ class Mesh:
         self.forwarded = 0  # frames of publishes sent to peers
         self.received = 0  # publishes from peers delivered here
         self.congested = 0  # QoS 0 publishes not sent to a peer whose link was backed up
+        self.retained_sent = 0  # retained messages and tombstones sent to links that came up
+        self.retained_taken = 0  # ... received from peers' links that came up
         self.on_state: Callable[[], None] = _nothing  # a peer's state changed ($SYS now)
         self.dirty: set[Link] = set()
         self._flush_soon = False
@@ -289,7 +296,14 @@ class Mesh:
             pass  # heard: that is all
         elif kind == mesh.PUBLISH and link.up:
             assert link.node is not None
-            self._received(link, link.node, mesh.parse_publish(body))
+            message = mesh.parse_publish(body, link.node)
+            self._check_reach(message, live=True)
+            self._received(link, link.node, message)
+        elif kind == mesh.RETAINED and link.up:
+            message = mesh.parse_retained(body)
+            self._check_reach(message, live=False)
+            self.retained_taken += 1
+            self.broker.retain_remote(message)
         elif kind == mesh.CHALLENGE and link.proven is None and not link.up:
             self._answer(link, *mesh.parse_challenge(body))
         elif kind == mesh.WELCOME and link.proven is not None and not link.up:
@@ -318,6 +332,16 @@ class Mesh:
             link.close()
         else:
             raise MeshProtocolError(f"unexpected frame kind {kind}")
+
+    def _check_reach(self, message: Message, *, live: bool) -> None:
+        """A peer's message must be one that goes to this node (a peer sends nothing else)."""
+        topic = message.topic
+        if topic[0] != "$":
+            return
+        where = mesh.reach(message.tenant, topic)
+        if where not in (mesh.FILTERS, mesh.EVERY, self.node_id):
+            kind = "PUBLISH" if live else "RETAINED"
+            raise MeshProtocolError(f"{kind} on {topic!r}, which does not cross to this node")
 
     def _received(self, link: Link, origin: str, message: Message) -> None:
         """A peer's publish: to this node's sessions unless delivered already; a QoS 1/2 one
@@ -413,10 +437,19 @@ class Mesh:
         link.send(mesh.welcome(self.node_id, self.durable_seq()))
         for data in unacked.frames.values():  # in seq order, before anything new
             link.send(data)
+        self._send_retained(link, hello.node)
         self.inbound_states[hello.node] = UP
         self.on_state()
         log.info("link in from %s (%s) up", hello.node, link.address)
         self._log("link_up", hello.node, link.address, "in")
+
+    def _send_retained(self, link: Link, node: str) -> None:
+        """Every retained message and tombstone this node holds that goes to ``node``, whatever
+        its origin: what ``node`` missed while it was away (it keeps what is newer)."""
+        for message in self.broker.retained_state():
+            if mesh.goes_to(message.tenant, message.topic, node):
+                link.send(mesh.retained_frame(message))
+                self.retained_sent += 1
 
     def after_read(self, link: Link) -> None:
         if link.acks:
@@ -428,28 +461,44 @@ class Mesh:
     # -- what the broker calls -----------------------------------------------------------------
 
     def forward(self, message: Message) -> None:
-        """A publish accepted on this node: once to each peer that wants it (QoS 1/2 once its
-        journal record is durable, see the theory of operation in broker_edge.mesh)."""
+        """A publish accepted on this node: once to each peer that wants it, or to every peer
+        (retained, the operator's decisions), or to the node a journal notice names (QoS 1/2
+        once its journal record is durable, see the theory of operation in broker_edge.mesh)."""
         topic = message.topic
-        if topic[0] == "$" and not topic.startswith(mesh.CROSSING_PREFIXES):
+        tenant = message.tenant
+        where = mesh.FILTERS if topic[0] != "$" else mesh.reach(tenant, topic)
+        if where == mesh.LOCAL:
             return
+        if where not in (mesh.FILTERS, mesh.EVERY):
+            self._notice(message, where)
+            return
+        every = where == mesh.EVERY or message.retain
         if message.qos:
-            nodes = [n for n, r in self.routes.items() if r.wants(message.tenant, topic)]
+            nodes = [n for n, r in self.routes.items() if every or r.wants(tenant, topic)]
             if nodes:
                 self._when_durable(message, nodes)
             return
         data = None
         for node, routes in self.routes.items():
             link = self.inbound.get(node)
-            if link is None or not routes.wants(message.tenant, topic):
+            if link is None or not (every or routes.wants(tenant, topic)):
                 continue
-            if link.congested():
+            if link.congested() and not every:  # what every peer keeps is never dropped
                 self.congested += 1
                 continue
             if data is None:
                 data = mesh.publish_frame(message)
             link.send(data)
             self.forwarded += 1
+
+    def _notice(self, message: Message, node: str) -> None:
+        """A journal notice (not journaled, so no seq to resend it by): to ``node`` now if its
+        link is up, as QoS 0; it is retained, so a link that comes up later gets it anyway."""
+        link = self.inbound.get(node)
+        if link is None:
+            return
+        link.send(mesh.publish_frame(message, QoS.AT_MOST_ONCE))
+        self.forwarded += 1
 
     def _when_durable(self, message: Message, nodes: list[str]) -> None:
         seq = message.seq
@@ -507,11 +556,14 @@ class Mesh:
     def replay(self, message: Message) -> None:
         """A journal record at restore: kept for each peer that wants it and had not
         acknowledged it (sent when the peer links)."""
-        if not message.qos or not mesh.crosses(message.topic):
+        topic = message.topic
+        where = mesh.FILTERS if topic[0] != "$" else mesh.reach(message.tenant, topic)
+        if not message.qos or where not in (mesh.FILTERS, mesh.EVERY):
             return
+        every = where == mesh.EVERY or message.retain
         data = None
         for node, after in self._replay_after.items():
-            if message.seq > after and self.routes[node].wants(message.tenant, message.topic):
+            if message.seq > after and (every or self.routes[node].wants(message.tenant, topic)):
                 if data is None:
                     data = mesh.publish_frame(message)
                 self.unacked[node].add(message.seq, data)
@@ -534,6 +586,8 @@ class Mesh:
             ("publish/congested", str(self.congested)),
             ("publish/unacked", str(sum(len(u) for u in self.unacked.values()))),
             ("publish/unacked_dropped", str(sum(u.dropped for u in self.unacked.values()))),
+            ("retained/sent", str(self.retained_sent)),
+            ("retained/received", str(self.retained_taken)),
         ]
         return tuple(values)
 

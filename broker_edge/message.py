@@ -6,8 +6,9 @@ from broker_edge.packets import NO_PROPERTIES, Properties, QoS
 
 
 class Message:
-    """One accepted PUBLISH. ``seq`` is its journal sequence number on this node (0 = not
-    journaled). Treated as immutable once built.
+    """One accepted PUBLISH. ``seq`` is its journal sequence number at its ``origin`` (the node
+    that accepted it; 0 = not journaled; "" = none named, a message that never crosses a
+    mesh link). Treated as immutable once built.
 
     A plain ``__slots__`` class rather than a frozen dataclass: one is built per publish, and a
     frozen dataclass's ``__init__`` (``object.__setattr__`` per field) costs a visible share of
@@ -19,6 +20,7 @@ class Message:
         "enc",
         "enc_key",
         "encoded",
+        "origin",
         "payload",
         "properties",
         "qos",
@@ -40,6 +42,7 @@ class Message:
         ts_us: int,
         properties: Properties = NO_PROPERTIES,
         seq: int = 0,
+        origin: str = "",
     ) -> None:
         self.tenant = tenant
         self.topic = topic
@@ -50,6 +53,7 @@ class Message:
         self.ts_us = ts_us
         self.properties = properties
         self.seq = seq
+        self.origin = origin
         # Encoded QoS 0 deliveries keyed by protocol version * 2 + retain flag: every QoS 0
         # subscriber of one version gets the same bytes, so a fan-out encodes once. The first
         # encoding has slots of its own (most messages have one subscriber, or subscribers of

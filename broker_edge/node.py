@@ -293,7 +293,7 @@ class EdgeNode:
         start = _available(reader, start, after)
         if last_seq > start:
             for row in reader.read_records(start, last_seq):  # without pyarrow (issue 9)
-                message = _message_from_row(row)
+                message = _message_from_row(row, settings.node_id)
                 mesh.replay(message)
                 if message.seq <= after:
                     continue  # before the snapshot: only peers may still be due it
@@ -350,7 +350,7 @@ class EdgeNode:
         seq = committer.appended_seq
         # $SYS values are derived and never persisted (see broker_edge.sysstats): a restart
         # must not serve the previous run's numbers.
-        retained = [m for m in broker.retained_messages() if not m.topic.startswith("$SYS/")]
+        retained = [m for m in broker.retained_state() if not m.topic.startswith("$SYS/")]
         # Session changes from here on go to a new generation of the session log; the older
         # ones are in this snapshot and deleted once it is durable.
         session_log = self._session_log
@@ -548,8 +548,9 @@ class EdgeNode:
         self._servers = []
 
 
-def _message_from_row(row: dict[str, Any]) -> Message:
-    """A journal record (JOURNAL_SCHEMA row, ``ts`` in microseconds) back into a Message."""
+def _message_from_row(row: dict[str, Any], node: str) -> Message:
+    """A journal record of ``node`` (JOURNAL_SCHEMA row, ``ts`` in microseconds) back into a
+    Message."""
     from broker_edge.packets import NO_PROPERTIES, Properties
 
     props = NO_PROPERTIES
@@ -566,6 +567,7 @@ def _message_from_row(row: dict[str, Any]) -> Message:
         row["ts"],  # microseconds since the epoch (JournalReader.read_records)
         props,
         row["seq"],
+        node,
     )
 
 

@@ -279,14 +279,17 @@ class Router:
 
     # -- messages ------------------------------------------------------------------------------
 
-    def route(self, message: Message, publisher: str | None) -> list[Delivery] | None:
-        """Retain ``message`` if it asks to be, and say who gets it (None: nobody).
-        ``publisher``: the client id that published it (for No Local), None for the edge."""
+    def route(
+        self, message: Message, publisher: str | None, *, retain: bool = True
+    ) -> list[Delivery] | None:
+        """Retain ``message`` if it asks to be (and ``retain``: the caller did not already,
+        :meth:`retain`), and say who gets it (None: nobody). ``publisher``: the client id that
+        published it (for No Local), None for the edge."""
         tenant = message.tenant
         ns = self.namespaces.get(tenant)
         if ns is None:
             ns = self.namespace(tenant)
-        if message.retain:
+        if message.retain and retain:
             ns.retained.set(message)
         matches = ns.subscriptions.match(message.topic)
         if not matches:
@@ -353,8 +356,17 @@ class Router:
         # Routed copies carry RETAIN 0 unless retain-as-published [MQTT-3.3.1-9, 3.3.1-12].
         return [(session, message, qos, message.retain and sub.retain_as_published, sub_ids)]
 
+    def retain(self, message: Message) -> bool:
+        """Store a retained ``message`` unless its topic holds a newer one (see
+        broker_edge.retained); True if it was taken."""
+        return self.namespace(message.tenant).retained.set(message)
+
     def retained_messages(self) -> list[Message]:
         return [m for ns in self.namespaces.values() for m in ns.retained.all()]
+
+    def retained_state(self) -> list[Message]:
+        """Every retained message and tombstone (broker_edge.retained), of every tenant."""
+        return [m for ns in self.namespaces.values() for m in ns.retained.state()]
 
     # -- outbound QoS 1/2 (states.Flow.OUT_*) ------------------------------------------------
 

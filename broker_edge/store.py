@@ -5,7 +5,9 @@ Theory of operation
 The journal already holds every accepted publish durably, so it is the write-ahead log of the
 broker's state too. This module adds *snapshots*: one JSON document with every persistent
 session (subscriptions, in-flight window, queue, QoS 2 packet ids awaiting PUBREL) and every
-retained message, tagged with ``journal_seq``, the last journal record whose effects it holds.
+retained message and tombstone (a clear, with its version: see :mod:`broker_edge.retained`;
+each message names its ``origin`` node), tagged with ``journal_seq``, the last journal record
+whose effects it holds.
 
 On start the node loads the newest snapshot, then replays the journal records after
 ``journal_seq``: retained publishes update the retained store, and every record is routed to
@@ -155,6 +157,8 @@ def _message_doc(m: Message) -> dict[str, Any]:
         "ts_us": m.ts_us,
         "seq": m.seq,
     }
+    if m.origin:
+        doc["origin"] = m.origin
     props = {
         "payload_format_indicator": p.payload_format_indicator,
         "message_expiry_interval": p.message_expiry_interval,
@@ -185,6 +189,7 @@ def _message_from(d: dict[str, Any]) -> Message:
         int(d["ts_us"]),
         Properties(**props) if props else NO_PROPERTIES,
         int(d["seq"]),
+        str(d.get("origin", "")),
     )
 
 

@@ -92,7 +92,8 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         help="HOST:PORT (MQTT) of an edge to send quota decisions and journal notices to "
-        "(repeatable; list every edge, those read with --edge too); without --tenants the "
+        "(repeatable; edges meshed with peers pass them on to each other, so one of a mesh "
+        "is enough; else list every edge, those read with --edge too); without --tenants the "
         "notices use the operator token the edge made in the data dir",
     )
     pipe.add_argument(

@@ -18,8 +18,12 @@ from tests.helpers.edge_process import TENANTS as EDGE_TENANTS
 from tests.helpers.mesh_clients import SETTLE
 
 GLOBEX = "globex-1"
+GLOBEX_DAY_LIMIT = 1_000_000  # far from what tests publish: only confirmed totals reach it
 # The helper's operator and tenant acme, and a second tenant.
-TENANTS = EDGE_TENANTS + f'\n[tenants.globex]\ntokens = ["{GLOBEX}"]\n'
+TENANTS = EDGE_TENANTS + (
+    f'\n[tenants.globex]\ntokens = ["{GLOBEX}"]\n'
+    f"[tenants.globex.limits]\nmessages_per_day = {GLOBEX_DAY_LIMIT}\n"
+)
 NODES = ("edge-a", "edge-b", "edge-c")
 
 

@@ -23,6 +23,7 @@ from broker_edge.mesh import (
 from broker_edge.message import Message
 from broker_edge.packets import Properties, QoS, Subscription
 from broker_edge.router import Router, SessionBounds
+from broker_edge.tenants import OPERATOR_TENANT as OPERATOR
 
 
 def _message(**kwargs: object) -> Message:
@@ -49,7 +50,7 @@ def test_publish_frame_round_trips_whole_and_byte_by_byte() -> None:
     by_byte = [f for i in range(len(data)) for f in pieces.feed(data[i : i + 1])]
     assert whole == by_byte
     assert [kind for kind, _ in whole] == [mesh.PUBLISH, mesh.ACK]
-    got = mesh.parse_publish(whole[0][1])
+    got = mesh.parse_publish(whole[0][1], "edge-a")
     assert (got.tenant, got.topic, got.payload, got.qos, got.client_id, got.ts_us, got.seq) == (
         "acme",
         "fleet/v1/telemetry",
@@ -61,13 +62,47 @@ def test_publish_frame_round_trips_whole_and_byte_by_byte() -> None:
     )
     assert got.properties.content_type == "application/json"
     assert got.properties.user_properties == (("k", "v"),)
-    assert got.retain is False  # a crossing copy is never stored as retained
+    assert got.retain is True  # a receiver keeps it if it is the newest of its topic
+    assert got.origin == "edge-a"  # the link's other end
     assert mesh.parse_ack(whole[1][1]) == (1, 2, 3)
+
+
+def test_a_big_frame_right_after_the_welcome_is_read_once_the_bound_is_raised() -> None:
+    """What an acceptor sends right after its WELCOME (what was not acknowledged, its retained
+    set) often comes in the same read: the dialer raises its bound between the two frames."""
+    big = mesh.publish_frame(_message(payload=b"x" * 10_000))
+    frames = FrameBuffer(mesh.MAX_HELLO_FRAME)
+    frames.push(mesh.welcome("a", 1) + big + mesh.PING_FRAME[:3])
+    first = frames.pop()
+    assert first is not None
+    assert first[0] == mesh.WELCOME
+    frames.max_frame = 1 << 20
+    second = frames.pop()
+    assert second is not None
+    assert mesh.parse_publish(second[1], "a").payload == b"x" * 10_000
+    assert frames.pop() is None  # half a PING so far
+    assert frames.feed(mesh.PING_FRAME[3:]) == [(mesh.PING, b"")]
+    with pytest.raises(MeshProtocolError):  # without raising it: too big
+        FrameBuffer(mesh.MAX_HELLO_FRAME).feed(mesh.welcome("a", 1) + big)
+
+
+def test_a_message_expiry_interval_crosses() -> None:
+    props = Properties(content_type=None, message_expiry_interval=0x01020304)
+    frames = FrameBuffer(1 << 20).feed(mesh.publish_frame(_message(properties=props)))
+    got = mesh.parse_publish(frames[0][1], "edge-a")
+    assert got.properties.message_expiry_interval == 0x01020304
+    assert got.properties.content_type is None
+    body = bytearray(frames[0][1])
+    flags_at = body.index(b"fleet/v1/telemetry") + len("fleet/v1/telemetry") + 2  # empty type
+    assert body[flags_at] == 2
+    body[flags_at] = 4  # a flag this version does not know
+    with pytest.raises(MeshProtocolError, match="flags"):
+        mesh.parse_publish(bytes(body), "edge-a")
 
 
 def test_publish_without_properties() -> None:
     frames = FrameBuffer(1 << 20).feed(mesh.publish_frame(_message(properties=Properties())))
-    got = mesh.parse_publish(frames[0][1])
+    got = mesh.parse_publish(frames[0][1], "edge-a")
     assert got.properties.content_type is None
     assert got.properties.user_properties == ()
 
@@ -90,7 +125,7 @@ def test_bad_frames_are_protocol_errors(data: bytes) -> None:
 )
 def test_truncated_publish_is_a_protocol_error(body: bytes) -> None:
     with pytest.raises(MeshProtocolError):
-        mesh.parse_publish(body)
+        mesh.parse_publish(body, "edge-a")
 
 
 def _frame(data: bytes) -> tuple[int, bytes]:
@@ -215,11 +250,57 @@ def test_a_new_links_set_replaces_the_filters_only_once_it_is_all_there() -> Non
 
 
 def test_what_crosses() -> None:
-    assert crosses("fleet/v1")
-    assert crosses("$log/mqtt/connect")
-    assert crosses("$counters/messages_in")
+    assert crosses("acme", "fleet/v1")
+    assert crosses("acme", "$log/mqtt/connect")
+    assert crosses("acme", "$counters/messages_in")
     for local in ("$SYS/broker/uptime", "$control/quota/acme", "$quota/messages_per_day"):
-        assert not crosses(local)
+        assert not crosses("acme", local)
+    # The operator's decisions reach every edge; journal notices the one they name.
+    assert mesh.reach(OPERATOR, "$control/quota/acme") == mesh.EVERY
+    assert mesh.reach(OPERATOR, "$control/usage/acme") == mesh.EVERY
+    assert mesh.reach(OPERATOR, "$control/journal/edge-b") == "edge-b"
+    for local in ("$SYS/broker/uptime", "$quota/x", "$control/other/x", "$control/journal/"):
+        assert mesh.reach(OPERATOR, local) == mesh.LOCAL
+    assert mesh.reach(OPERATOR, "fleet/x") == mesh.FILTERS
+    # A retained message goes to each peer a new link names: a notice only to its own node.
+    assert mesh.goes_to("acme", "fleet/x", "edge-b")
+    assert mesh.goes_to(OPERATOR, "$control/quota/acme", "edge-b")
+    assert mesh.goes_to(OPERATOR, "$control/journal/edge-b", "edge-b")
+    assert not mesh.goes_to(OPERATOR, "$control/journal/edge-c", "edge-b")
+    assert not mesh.goes_to("acme", "$quota/messages_per_day", "edge-b")
+
+
+@pytest.mark.parametrize("payload", [b"kept", b""])  # a retained message, a tombstone
+def test_retained_frame_names_its_origin(payload: bytes) -> None:
+    message = _message(payload=payload, origin="edge-c")
+    data = mesh.retained_frame(message)
+    pieces = FrameBuffer(1 << 20)
+    [(kind, body)] = [f for i in range(len(data)) for f in pieces.feed(data[i : i + 1])]
+    assert kind == mesh.RETAINED
+    got = mesh.parse_retained(body)
+    assert (got.origin, got.topic, got.payload, got.ts_us, got.seq, got.retain) == (
+        "edge-c",
+        "fleet/v1/telemetry",
+        payload,
+        1_700_000_000_000_000,
+        42,
+        True,
+    )
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b"\x00\x00" + mesh.publish_frame(_message())[5:],  # no origin
+        b"\x00\x03a/b" + mesh.publish_frame(_message())[5:],  # not a node id
+        b"\x00\x01a" + mesh.publish_frame(_message(retain=False))[5:],  # not retained
+        b"\x00\x09edge",  # truncated
+    ],
+)
+def test_a_bad_retained_frame_is_a_protocol_error(body: bytes) -> None:
+    with pytest.raises(MeshProtocolError):
+        mesh.parse_retained(body)
 
 
 def test_unacked_is_bounded_and_acked_in_any_order() -> None:
