@@ -25,6 +25,10 @@ def newer(message: Message, held: Message) -> bool:
     """Whether ``message`` replaces ``held`` on the same topic. An equal version is the same
     journaled publish again (a peer's copy: kept as first stored, with all its properties),
     except for an unjournaled one (seq 0: ``$SYS`` values, journal notices), which replaces."""
+    if message.origin == held.origin and message.seq and held.seq:
+        # One node's own publishes: its journal's order, whatever its clock did between them
+        # (a clock stepped back must not keep an edge's retained message from being replaced).
+        return message.seq > held.seq
     new = (message.ts_us, message.origin, message.seq)
     old = (held.ts_us, held.origin, held.seq)
     return new > old or (new == old and not message.seq)

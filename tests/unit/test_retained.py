@@ -100,3 +100,12 @@ def test_a_snapshot_keeps_tombstones_and_origins(tmp_path: Path) -> None:
         ("cleared", b"", 20, "edge-c", 9),
     ]
     assert not restored.set(_m(b"late", 15, "edge-b", topic="cleared"))  # still cleared
+
+
+def test_one_nodes_own_publishes_replace_in_journal_order_whatever_its_clock() -> None:
+    store = RetainedStore()
+    assert store.set(_m(b"first", 20, "edge-a", seq=1))
+    assert store.set(_m(b"second", 10, "edge-a", seq=2))  # the clock stepped back
+    assert _held(store) == b"second"
+    assert not store.set(_m(b"late copy", 30, "edge-a", seq=1))  # an older copy arriving late
+    assert _held(store) == b"second"
