@@ -193,7 +193,8 @@ def wait_for_rows(table: Path, rows: int, timeout: float) -> float:
     """Poll until the Delta table at ``table`` holds ``rows`` rows; return the seconds waited."""
     started = time.monotonic()
     while time.monotonic() - started < timeout:
-        if (table / "_delta_log").is_dir() and count_rows(table) >= rows:
+        # Spark makes the log's directory before its first commit is in it.
+        if any((table / "_delta_log").glob("*.json")) and count_rows(table) >= rows:
             return time.monotonic() - started
         time.sleep(0.5)
     raise BenchError(f"{table}: fewer than {rows} rows after {timeout:g} s")

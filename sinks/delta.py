@@ -6,10 +6,12 @@ commit marker after, so a crash between the two replays the same batch (same id,
 :class:`DeltaTableWriter` writes each table's rows with Spark's Delta on the executors, with
 Delta's app transaction ``(app_id, batch_id)`` (a ``SetTransaction`` action, what the
 ``txnAppId``/``txnVersion`` options write) in the same atomic commit as the data; a replayed
-batch (at or below the recorded one) is skipped. Appends commit through Delta's transaction
-API and make the replay check themselves (see :meth:`DeltaTableWriter.append`: Delta's own
-check costs three Spark jobs a commit); merges get it from Delta through the
-``txnAppId``/``txnVersion`` session settings.
+batch (at or below the recorded one) is skipped. Writes commit through Delta's transaction
+API (``DeltaLog.startTransaction``, ``writeFiles`` on the executors, ``commit``) and make the
+replay check themselves (see :meth:`DeltaTableWriter.append`: Delta's own check costs three
+Spark jobs a commit). Appends add files; :meth:`DeltaTableWriter.replace` is an upsert's
+copy-on-write (what a MERGE commits: the files holding changed rows removed, their new
+content added) with the rows worked out by the caller in the same pass that reads them.
 
 Spark is the one engine that writes. delta-rs (``deltalake``) only reads, for the commands
 that need no JVM: always through ``deltalake.QueryBuilder`` (DataFusion), never
@@ -21,8 +23,9 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import pyarrow as pa
 from deltalake import DeltaTable, QueryBuilder
@@ -39,6 +42,25 @@ logger = logging.getLogger(__name__)
 
 # The name a table is registered under for one read_table query; never visible to callers.
 _QUERY_TABLE = "delta_table"
+
+
+# The column :meth:`DeltaTableWriter.replace` adds to the stored rows: the name of the data file
+# each row is in (the last part of its path).
+FILE_COLUMN = "_file"
+
+Plan = TypeVar("Plan")
+
+
+@dataclass(frozen=True)
+class Replacement(Generic[Plan]):
+    """What a :meth:`DeltaTableWriter.replace` plan decided: ``rows`` to write (each in files
+    of its own), the names of the files they ``replaced``, the caller's ``result``, and
+    ``release`` to run once the commit is done or failed (e.g. unpersisting ``rows``)."""
+
+    rows: Sequence[DataFrame]
+    replaced: Collection[str]
+    result: Plan
+    release: Callable[[], object] | None = None
 
 
 class DeltaTableWriter:
@@ -156,28 +178,9 @@ class DeltaTableWriter:
         if batch_id < 0:
             raise ValueError(f"batch_id must be >= 0, got {batch_id}")
         conformed = self.conformed(rows)
-        spark = rows.sparkSession
-        self.ensure(spark)
         try:
-            jvm = spark._jvm
-            assert jvm is not None  # a classic (not Connect) session, as every session here
-            delta = jvm.org.apache.spark.sql.delta
-            txn = delta.DeltaLog.forTable(spark._jsparkSession, self._path).startTransaction()
-            read_version = txn.snapshot().version()
-            if not self._schema_checked:
-                self._check_schema(txn.metadata().schema().json(), conformed.schema)
-            if self._committed is not None and self._committed[0] == read_version:
-                done: int | None = self._committed[1]
-            else:
-                done = self.last_batch_id()
-            if done is not None and done >= batch_id:
-                logger.info(
-                    "%s: batch %d of %s already committed (last %d), skipped",
-                    self._path,
-                    batch_id,
-                    self._app_id,
-                    done,
-                )
+            txn = self._transaction(conformed)
+            if self._replayed(txn, batch_id):
                 return None
             began = time.monotonic()
             files = txn.writeFiles(conformed._jdf)
@@ -185,15 +188,7 @@ class DeltaTableWriter:
             written = _rows_in(files)
             if written == 0:
                 return 0
-            now = jvm.java.lang.Long.valueOf(int(time.time() * 1000))
-            marker = delta.actions.SetTransaction(
-                self._app_id, batch_id, jvm.scala.Option.apply(now)
-            )
-            none = jvm.scala.Option.empty()
-            operation = getattr(delta, "DeltaOperations$Write")(
-                jvm.org.apache.spark.sql.SaveMode.Append, *([none] * 8)
-            )
-            version = txn.commit(files.appended(marker), operation)
+            version = self._commit(rows.sparkSession, txn, files, batch_id, "Append")
         except SinkSchemaError:
             raise
         except Exception as exc:  # py4j/Spark raise many types; the message says which
@@ -201,7 +196,6 @@ class DeltaTableWriter:
             raise DeltaSinkError(
                 f"{self._path}: writing batch {batch_id} of {self._app_id} failed: {exc}"
             ) from exc
-        self._committed = (version, batch_id)
         logger.info(
             "%s: batch %d of %s committed as version %d (%s rows; files %.2f s, commit %.2f s)",
             self._path,
@@ -213,6 +207,179 @@ class DeltaTableWriter:
             time.monotonic() - wrote,
         )
         return written
+
+    def replace(
+        self,
+        batch_id: int,
+        spark: SparkSession,
+        partitions: str,
+        plan: Callable[[DataFrame], Replacement[Plan]],
+    ) -> Plan | None:
+        """Rewrite files of the partitions ``partitions`` selects as batch ``batch_id``, exactly
+        once: what a merge does, with the rows worked out by the caller in one pass.
+
+        ``partitions`` is a SQL condition on the partition columns only. ``plan`` gets the
+        stored rows of those partitions, as of the snapshot the commit builds on, with the
+        name of the data file each is in (column :data:`FILE_COLUMN`), and returns a
+        :class:`Replacement`: the rows to write (each DataFrame in files of its own, so rows
+        that change often do not drag others along) and the names of the files they replace.
+        One Delta commit removes those files and adds the new ones, with the app transaction
+        ``(app_id, batch_id)``; a batch the table holds already is skipped (None, ``plan`` not
+        called). The commit declares the partitions it read, so a compaction that removed any
+        of their files first makes it fail; then the whole replacement is planned again on the
+        new snapshot (``plan`` must depend on its input only), up to :data:`REPLACE_ATTEMPTS`.
+        """
+        if batch_id < 0:
+            raise ValueError(f"batch_id must be >= 0, got {batch_id}")
+        attempt = 1
+        while True:
+            try:
+                txn = self._transaction(None, spark)
+                if self._replayed(txn, batch_id):
+                    return None
+                found, stored = self._partition_files(spark, txn, partitions)
+                replacement = plan(stored)
+                try:
+                    self._commit_replacement(spark, txn, batch_id, partitions, found, replacement)
+                finally:
+                    if replacement.release is not None:
+                        replacement.release()
+            except SinkSchemaError:
+                raise
+            except Exception as exc:  # py4j wraps Delta's exceptions; their class is in the text
+                self._committed = None
+                if not _lost_race(exc) or attempt == REPLACE_ATTEMPTS:
+                    raise DeltaSinkError(
+                        f"{self._path}: replacing files for batch {batch_id} of {self._app_id} "
+                        f"failed (attempt {attempt}): {exc}"
+                    ) from exc
+                logger.info("%s: lost a commit race, planning again: %s", self._path, exc)
+                attempt += 1
+            else:
+                return replacement.result
+
+    def _partition_files(
+        self, spark: SparkSession, txn: Any, partitions: str
+    ) -> tuple[Any, DataFrame]:
+        """The data files of the partitions ``partitions`` selects in ``txn``'s snapshot (a
+        Scala sequence of ``AddFile``, recorded as the transaction's read), and their rows with
+        each one's file name (:data:`FILE_COLUMN`), read as Delta's own commands read the files
+        they rewrite."""
+        from pyspark.sql import DataFrame
+        from pyspark.sql import functions as F  # noqa: N812 (pyspark's own convention)
+
+        jvm = spark._jvm
+        assert jvm is not None  # a classic (not Connect) session, as every session here
+        parser = spark._jsparkSession.sessionState().sqlParser()
+        read = _scala_list(jvm, [parser.parseExpression(partitions)])
+        found = txn.filterFiles(read, False)
+        scan = txn.deltaLog().createDataFrame(
+            txn.snapshot(), found, False, jvm.scala.Option.empty()
+        )
+        stored = DataFrame(scan, spark).withColumn(
+            FILE_COLUMN, F.regexp_extract("_metadata.file_path", "[^/]*$", 0)
+        )
+        return found, stored
+
+    def _commit_replacement(
+        self,
+        spark: SparkSession,
+        txn: Any,
+        batch_id: int,
+        partitions: str,
+        found: Any,
+        replacement: Replacement[Any],
+    ) -> None:
+        """Write ``replacement``'s rows and commit them with the removal of the files they
+        replace (among ``found``) as batch ``batch_id``; nothing when there is neither."""
+        jvm = spark._jvm
+        assert jvm is not None
+        began = time.monotonic()
+        actions = jvm.java.util.ArrayList()
+        for rows in replacement.rows:
+            added = txn.writeFiles(self.conformed(rows)._jdf).iterator()
+            while added.hasNext():
+                actions.add(added.next())
+        removed = _removals(found, replacement.replaced)
+        for remove in removed:
+            actions.add(remove)
+        if actions.isEmpty():
+            return
+        wrote = time.monotonic()
+        files = jvm.scala.jdk.javaapi.CollectionConverters.asScala(actions).toList()
+        version = self._commit(spark, txn, files, batch_id, "Overwrite", predicate=partitions)
+        logger.info(
+            "%s: batch %d of %s committed as version %d (%d files replaced; written %.2f s, "
+            "commit %.2f s)",
+            self._path,
+            batch_id,
+            self._app_id,
+            version,
+            len(removed),
+            wrote - began,
+            time.monotonic() - wrote,
+        )
+
+    def _transaction(self, rows: DataFrame | None, spark: SparkSession | None = None) -> Any:
+        """A new Delta transaction on the table (created first if need be); the table's schema
+        is checked against ``rows``' once per writer."""
+        session = rows.sparkSession if rows is not None else spark
+        assert session is not None
+        self.ensure(session)
+        jvm = session._jvm
+        assert jvm is not None  # a classic (not Connect) session, as every session here
+        delta = jvm.org.apache.spark.sql.delta
+        txn = delta.DeltaLog.forTable(session._jsparkSession, self._path).startTransaction()
+        if rows is not None and not self._schema_checked:
+            self._check_schema(txn.metadata().schema().json(), rows.schema)
+        return txn
+
+    def _replayed(self, txn: Any, batch_id: int) -> bool:
+        """Whether the table holds batch ``batch_id`` already (logged): the last batch this
+        writer committed, while the table's version is the one that commit made, else the
+        table's app transactions as delta-rs reads them from the log."""
+        if self._committed is not None and self._committed[0] == txn.snapshot().version():
+            done: int | None = self._committed[1]
+        else:
+            done = self.last_batch_id()
+        if done is None or done < batch_id:
+            return False
+        logger.info(
+            "%s: batch %d of %s already committed (last %d), skipped",
+            self._path,
+            batch_id,
+            self._app_id,
+            done,
+        )
+        return True
+
+    def _commit(
+        self,
+        spark: SparkSession,
+        txn: Any,
+        files: Any,
+        batch_id: int,
+        mode: str,
+        predicate: str | None = None,
+    ) -> int:
+        """Commit ``files`` (a Scala sequence of actions) with the app transaction
+        ``(app_id, batch_id)``, in the table's history as a write in save mode ``mode``
+        (``predicate``: the partitions it replaced); the new version."""
+        jvm = spark._jvm
+        assert jvm is not None
+        delta = jvm.org.apache.spark.sql.delta
+        now = jvm.java.lang.Long.valueOf(int(time.time() * 1000))
+        marker = delta.actions.SetTransaction(self._app_id, batch_id, jvm.scala.Option.apply(now))
+        none = jvm.scala.Option.empty()
+        operation = getattr(delta, "DeltaOperations$Write")(
+            getattr(jvm.org.apache.spark.sql.SaveMode, mode),
+            none,
+            jvm.scala.Option.apply(predicate) if predicate is not None else none,
+            *([none] * 6),
+        )
+        version: int = txn.commit(files.appended(marker), operation)
+        self._committed = (version, batch_id)
+        return version
 
     def _check_schema(self, table_json: str, rows: StructType) -> None:
         """The table's columns and types (nullability aside) are the rows': the check Delta's
@@ -226,57 +393,6 @@ class DeltaTableWriter:
                 f"{rows.simpleString()}"
             )
         self._schema_checked = True
-
-    def merge(self, batch_id: int, rows: DataFrame, key: Sequence[str], prune: str = "") -> None:
-        """Upsert ``rows`` by ``key`` as batch ``batch_id``, exactly once.
-
-        Rows whose key is in the table replace the stored row, others are inserted; ``rows``
-        must not hold a key twice. ``prune`` is a SQL condition on the target's partition
-        columns (``t.tenant IN (...)``) so the merge reads only the partitions it can touch.
-        The merge carries ``(app_id, batch_id)`` as its Delta app transaction (Delta's
-        ``spark.databricks.delta.write.txnAppId``/``txnVersion`` settings, set on the rows'
-        session for the merge only and unset after it; writers in other threads use sessions
-        of their own, ``spark.newSession()``, so they cannot pick them up): a replay is skipped.
-        A merge that loses a commit race to a compaction is retried on the new snapshot.
-        """
-        from delta.tables import DeltaTable as SparkDeltaTable
-
-        if not key:
-            raise ValueError("key must name at least one column")
-        unknown = [name for name in key if name not in self._schema.names]
-        if unknown:
-            raise SinkSchemaError(f"key columns not in the schema: {unknown}")
-        spark = rows.sparkSession
-        self.ensure(spark)
-        condition = " AND ".join(f"t.`{name}` = s.`{name}`" for name in key)
-        if prune:
-            condition = f"({prune}) AND {condition}"
-        source = self.conformed(rows).alias("s")
-        conf = spark.conf
-        for attempt in range(1, MERGE_ATTEMPTS + 1):
-            conf.set(TXN_APP_ID_CONF, self._app_id)
-            conf.set(TXN_VERSION_CONF, str(batch_id))
-            try:
-                (
-                    SparkDeltaTable.forPath(spark, self._path)
-                    .alias("t")
-                    .merge(source, condition)
-                    .whenMatchedUpdateAll()
-                    .whenNotMatchedInsertAll()
-                    .execute()
-                )
-                break
-            except Exception as exc:  # py4j wraps Delta's exceptions; their class is in the text
-                if not _lost_race(exc) or attempt == MERGE_ATTEMPTS:
-                    raise DeltaSinkError(
-                        f"{self._path}: merging batch {batch_id} of {self._app_id} failed "
-                        f"(attempt {attempt}): {exc}"
-                    ) from exc
-                logger.info("%s: merge lost a commit race, retrying: %s", self._path, exc)
-            finally:
-                conf.unset(TXN_APP_ID_CONF)
-                conf.unset(TXN_VERSION_CONF)
-        logger.info("%s: batch %d of %s merged", self._path, batch_id, self._app_id)
 
     def conformed(self, rows: DataFrame) -> DataFrame:
         """``rows`` with exactly the table's columns, in order, cast to the table's types."""
@@ -297,6 +413,32 @@ class DeltaTableWriter:
         )
 
 
+def _scala_list(jvm: Any, items: Sequence[Any]) -> Any:
+    """A Scala immutable list of ``items`` (JVM objects), for Delta's Scala APIs."""
+    java = jvm.java.util.ArrayList()
+    for item in items:
+        java.add(item)
+    return jvm.scala.jdk.javaapi.CollectionConverters.asScala(java).toList()
+
+
+def _removals(found: Any, names: Collection[str]) -> list[Any]:
+    """The remove actions for the files ``names`` among ``found`` (a Scala sequence of
+    ``AddFile``: the files the transaction read). Each name must be one of them: a plan that
+    names another file read another snapshot."""
+    wanted = set(names)
+    removes = []
+    files = found.iterator()
+    while wanted and files.hasNext():
+        add = files.next()
+        name = add.path().rsplit("/", 1)[-1]
+        if name in wanted:
+            wanted.discard(name)
+            removes.append(add.remove())
+    if wanted:
+        raise DeltaSinkError(f"files to replace are not in the snapshot read: {sorted(wanted)}")
+    return removes
+
+
 def _rows_in(files: Any) -> int | None:
     """The rows of the files ``writeFiles`` wrote (a Scala sequence of ``AddFile``), from the
     statistics Delta collects for each (None if a file has none)."""
@@ -315,11 +457,8 @@ def _rows_in(files: Any) -> int | None:
 # keep them for the columns queries filter on, not for every column (Delta's default: 32).
 STATS_COLUMNS = "delta.dataSkippingStatsColumns"
 
-# Delta's session settings that make a MERGE (or any DML) idempotent like txnAppId/txnVersion
-# make an append.
-TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
-TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
-MERGE_ATTEMPTS = 5
+# How often a replacement that lost a commit race to a compaction is planned again.
+REPLACE_ATTEMPTS = 5
 # Delta's conflicts a retry on a fresh snapshot resolves (a compaction committed first).
 _RACES = ("ConcurrentAppendException", "ConcurrentDeleteReadException", "ConcurrentDeleteDelete")
 

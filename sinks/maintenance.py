@@ -13,16 +13,16 @@ in this order:
 2. **Compact**: ``OPTIMIZE`` bins each partition's small files into larger ones
    (``dataChange = false``, so row counts, streaming readers and app transactions are
    unchanged).
-3. **Vacuum**: files removed from the table (by compaction, a repair or a merge) are deleted
+3. **Vacuum**: files removed from the table (by compaction, a repair or an upsert) are deleted
    once older than the retention; versions younger than it can still be read.
 4. **Checkpoint**: the table's state at its newest version, app transactions included, goes
    into one Parquet checkpoint, so readers (the light ones above all) stop replaying JSON
    commits. Spark's Delta also writes one every ten commits by itself, and deletes JSON commits
    older than ``delta.logRetentionDuration`` when it does.
 
-Concurrency: the streams commit while this runs. Appends and a compaction never conflict; a
-merge (``usage``) and a compaction of the same files do, and whichever loses retries
-(:meth:`~sinks.delta.DeltaTableWriter.merge` for the merge; here, the next run).
+Concurrency: the streams commit while this runs. Appends and a compaction never conflict; an
+upsert (``usage``) and a compaction of the same files do, and whichever loses retries
+(:meth:`~sinks.delta.DeltaTableWriter.replace` plans the upsert again; here, the next run).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """SQL reads over one Delta table (delta-rs and DataFusion, no JVM), for the light readers.
 
-The upserts themselves are Spark's Delta merges (:meth:`sinks.delta.DeltaTableWriter.merge`);
+The upserts themselves are Spark's Delta commits (:meth:`sinks.delta.DeltaTableWriter.replace`);
 this module keeps the read side the quota step and the lake commands share.
 :func:`query_table` runs one SQL query over one table through ``deltalake.QueryBuilder``,
 never ``DeltaTable.to_pyarrow_*`` (see :mod:`sinks.delta`).

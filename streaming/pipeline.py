@@ -15,7 +15,7 @@ every row staying on the executors:
    many) does the batch have other rows: a second, batch read of the same journal range
    (:func:`streaming.route.read_others`) brings every other destination's rows (log events,
    counter records, quarantined records: only they cross to the JVM), persisted while
-   ``usage`` (a merge, :mod:`streaming.usage`) and the quota step (``quota_events`` and the
+   ``usage`` (an upsert, :mod:`streaming.usage`) and the quota step (``quota_events`` and the
    decisions to the edges) take their share, and beside them, in threads of their own, the
    ``logs`` and ``quarantine`` appends (each table's commit is its own transaction).
 
@@ -50,6 +50,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
+from datetime import date
 from typing import TYPE_CHECKING, cast
 
 from pyspark import StorageLevel
@@ -154,7 +155,7 @@ class TableFanout:
         counts = {route.MESSAGES: written}
         lap(route.MESSAGES)
         if written is not None and written >= records:
-            decided = self.usage(batch.sparkSession, batch_id, None)
+            decided = self.usage(batch.sparkSession, batch_id, None, set())
         else:  # other rows, or a replay: every other table from a second read of the range
             others, decided = self._others(batch.sparkSession, batch_id, start, end, lap, timings)
             counts |= others
@@ -183,16 +184,20 @@ class TableFanout:
         and the quota decisions the usage step made.
 
         The ``logs`` and ``quarantine`` appends run in threads of their own beside the usage
-        merge and the quota step: each is its own table's Delta transaction, so their order
+        upsert and the quota step: each is its own table's Delta transaction, so their order
         does not matter, and most of what a small table's commit costs is waiting (the
         driver's log reads and writes, a job's scheduling), not the cores."""
         others = route.read_others(spark, self._journals, start, end)
         others = others.persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            counts = {
-                row["dest"]: row["n"]
-                for row in others.groupBy("dest").agg(F.count("*").alias("n")).collect()
-            }
+            counts: dict[str, int] = {}
+            touched: set[tuple[str, date]] = set()  # the usage partitions of the counters
+            for row in (
+                others.groupBy("dest", "tenant", "date").agg(F.count("*").alias("n")).collect()
+            ):
+                counts[row["dest"]] = counts.get(row["dest"], 0) + row["n"]
+                if row["dest"] == route.COUNTERS:
+                    touched.add((row["tenant"], row["date"]))
             lap("others")
             small = ((route.LOGS, self.appends[route.LOGS]), (route.QUARANTINE, self.quarantine))
             pending = {
@@ -202,7 +207,7 @@ class TableFanout:
             }
             try:
                 counters = _share(others, route.COUNTERS) if counts.get(route.COUNTERS) else None
-                decided = self.usage(spark, batch_id, counters)
+                decided = self.usage(spark, batch_id, counters, touched)
                 lap("usage")
             finally:
                 # Every append ends (or fails) before the rows are unpersisted, whichever fails.

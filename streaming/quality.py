@@ -345,8 +345,7 @@ class QualitySchedule(IntervalSchedule):
         on_results: Callable[[Sequence[QualityResult]], None] | None = None,
     ) -> QualitySchedule:
         """The pipeline's schedule. Runs use a session of their own (same SparkContext), so
-        their SQL settings never mix with the stream's (the usage merge sets Delta's
-        txnAppId/txnVersion on the stream's session). ``on_results`` gets each run's results
+        their SQL settings never mix with the stream's. ``on_results`` gets each run's results
         (the metrics count them)."""
         run = functools.partial(run_quality, spark.newSession())
         return cls(settings.lake, settings.quality_interval_seconds, run=run, on_results=on_results)

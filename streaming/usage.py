@@ -13,23 +13,33 @@ deltas summed, a gauge's value reported last. A counter interval belongs to the 
 
 A minute spans micro-batches (intervals from several edges, journals read at different
 paces, a node catching up late), so the sink *upserts*: the batch's partials are cogrouped by
-``(tenant, metric, date)`` with the stored rows of the partitions they touch, and
-:func:`combine_group` (on the executors, one group at a time) adds the partials node by node
-(each row keeps its per-node parts in ``nodes``: without them a gauge could not be combined
-across batches), recomputes ``value`` and the running ``day_value`` of every later window of
-the same tenant, metric and day; Spark's Delta merges the changed rows keyed by ``(tenant,
-date, metric, window_start)``. Only each group's day total reaches the driver (the quota step).
+partition ``(tenant, date)`` with the partition's stored rows, and :func:`combine_partition`
+(on the executors, one partition at a time) adds the partials node by node, per metric (each
+row keeps its per-node parts in ``nodes``: without them a gauge could not be combined across
+batches), recomputes ``value`` and the running ``day_value`` of every later window of the same
+tenant, metric and day, and says which data files hold a row that changed. One Delta commit
+(:meth:`~sinks.delta.DeltaTableWriter.replace`) removes those files and adds the changed rows
+and the other rows of those files: a merge's copy-on-write, planned in the one pass that
+combines. Only each group's day total and the replaced files' names reach the driver.
 
-Exactly once: the merge carries the Delta app transaction ``(edgebus.usage, batch_id)`` in the
-same commit (:meth:`~sinks.delta.DeltaTableWriter.merge`). A batch replayed after a crash is
-skipped before anything is read, so its deltas are never added twice; a crash before the commit
-leaves the table as it was, and the replay computes the same rows again. The stored rows a batch
+Why not Delta's MERGE: it joins the batch with the table again to find the files to rewrite,
+then rewrites them, and checks the app transaction by rebuilding the table's state: 3.2-5.7 s a
+batch here against ~1 s for the cogroup that already knows the answer (BENCHMARKS.md, issue
+18). The changed rows and the kept rows go to files of their own: the next batch most likely
+changes the same windows (the current minute) again, and then replaces only the small file
+that holds them.
+
+Exactly once: the commit carries the Delta app transaction ``(edgebus.usage, batch_id)``. A
+batch replayed after a crash is skipped before anything is read, so its deltas are never added
+twice; a crash before the commit leaves the table as it was, and the replay computes the same
+rows again. The commit declares the partitions it read: a compaction that replaced their files
+first makes it fail, and it is planned again on the new snapshot. The stored rows a batch
 builds on were written by earlier batches of this same query only.
 
 The rejected alternative, appending per-batch partials and aggregating when reading, keeps
 writes cheap but leaves every reader (notebooks, the quota step) to redo the aggregation, and a
-table whose rows are not the usage. Cost of the choice: a merge rewrites the files holding the
-rows it updates (the tenant's current day); compact the table periodically.
+table whose rows are not the usage. Cost of the choice: every batch adds a small file per
+partition it touches; compact the table periodically (the pipeline's maintenance does).
 
 Spark's own streaming aggregation was rejected too: it needs a watermark to bound its state,
 and a watermark drops the counters of a node whose journal is read late.
@@ -43,7 +53,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -56,11 +66,10 @@ from schemas.usage import (
     COUNTER_RECORD_SCHEMA,
     COUNTERS_TOPIC_PREFIX,
     EDGE_CLIENT_ID,
-    USAGE_KEY,
     USAGE_PARTITION_BY,
     USAGE_SCHEMA,
 )
-from sinks.delta import DeltaTableWriter, spark_schema
+from sinks.delta import FILE_COLUMN, DeltaTableWriter, Replacement, spark_schema
 from sinks.quarantine import quarantine_rows
 from sinks.upsert import sql_string
 from streaming.quota_settings import QuotaSettings
@@ -291,22 +300,6 @@ def _content(row: Row) -> tuple[Any, ...]:
     return (row["value"], row["day_value"], nodes)
 
 
-# What :func:`combine_group` hands back: the usage rows that changed, with the day total of
-# their group (tenant, metric, date) at its last window and each node's part of it (the
-# confirmed totals the quota step sends the edges, issue 14), sorted by node.
-DAY_NODE = pa.struct(
-    [pa.field("node", pa.string(), nullable=False), pa.field("value", pa.int64(), nullable=False)]
-)
-COMBINED_SCHEMA = pa.schema(
-    [
-        *USAGE_SCHEMA,
-        pa.field("day_total", pa.int64(), nullable=False),
-        pa.field(
-            "day_nodes", pa.list_(pa.field("element", DAY_NODE, nullable=False)), nullable=False
-        ),
-    ]
-)
-
 DayUsage = tuple[int, dict[str, int]]
 """A group's day total and each node's part of it."""
 
@@ -321,18 +314,37 @@ def node_parts(rows: Iterable[Row]) -> dict[str, int]:
     return dict(sorted(parts.items()))
 
 
-_GROUP = ("tenant", "metric", "date")
+# What :func:`combine_partition` hands back: rows of four kinds (column ``entry``), each with
+# the columns its kind names and nulls in the others.
+ENTRY = "entry"
+WRITE = "write"  # a usage row, new or changed (the USAGE_SCHEMA columns)
+KEEP = "keep"  # a stored row, unchanged, in a file the batch replaces: written again as it is
+FILE = "file"  # a data file the batch replaces: its name (``file``) and how many of its rows
+# are kept (``kept``)
+TOTAL = "total"  # a group's day total and each node's part of it (the confirmed totals the
+# quota step sends the edges, issue 14): ``tenant``, ``metric``, ``date``, ``day_total``,
+# ``day_nodes`` (sorted by node)
+DAY_NODE = pa.struct(
+    [pa.field("node", pa.string(), nullable=False), pa.field("value", pa.int64(), nullable=False)]
+)
+PLANNED_SCHEMA = pa.schema(
+    [
+        pa.field(ENTRY, pa.string(), nullable=False),
+        *(field.with_nullable(True) for field in USAGE_SCHEMA),
+        pa.field("day_total", pa.int64()),
+        pa.field("day_nodes", pa.list_(pa.field("element", DAY_NODE, nullable=False))),
+        pa.field("file", pa.string()),
+        pa.field("kept", pa.int64()),
+    ]
+)
+
+_PARTITION = ("tenant", "date")
 
 
-def combine_group(parts: pa.Table, stored: pa.Table) -> pa.Table:
-    """One group's partials (``USAGE_PARTIAL_SCHEMA``) added to its stored rows of that day
-    (``USAGE_SCHEMA``): the changed rows (``COMBINED_SCHEMA``). The pure step the usage merge
-    runs on the executors, one ``(tenant, metric, date)`` at a time (a Spark cogroup)."""
-    if parts.num_rows == 0:
-        return COMBINED_SCHEMA.empty_table()
-    part_rows = parts.to_pylist()
+def combine_day(part_rows: list[Row], stored_rows: list[Row]) -> tuple[list[Row], DayUsage]:
+    """One group's (tenant, metric, date) partials added to its stored rows of that day: the
+    rows that are new or changed, and the group's day total with each node's part of it."""
     first = min(p["window_start"] for p in part_rows)
-    stored_rows = stored.to_pylist()
     bases: dict[GroupKey, int] = {}
     before = [row for row in stored_rows if row["window_start"] < first]
     if before:
@@ -342,12 +354,57 @@ def combine_group(parts: pa.Table, stored: pa.Table) -> pa.Table:
     changed, totals = combine(part_rows, later, bases)
     keys = {_window_key(row) for row in changed}
     day = [*before, *(row for row in later if _window_key(row) not in keys), *changed]
-    day_nodes = [{"node": n, "value": v} for n, v in node_parts(day).items()]
-    rows = [
-        {**row, "day_total": totals[_window_key(row)[:3]], "day_nodes": day_nodes}
-        for row in changed
+    (total,) = totals.values()  # the one group's
+    return changed, (total, node_parts(day))
+
+
+def combine_partition(parts: pa.Table, stored: pa.Table) -> pa.Table:
+    """One partition's (tenant, date) partials (``USAGE_PARTIAL_SCHEMA``) added to its stored
+    rows (``USAGE_SCHEMA`` and the data file each is in, ``FILE_COLUMN``): the pure step the
+    usage commit runs on the executors, one partition at a time (a Spark cogroup).
+
+    Returns ``PLANNED_SCHEMA`` rows: the new and changed rows, each group's day total, the
+    files holding a changed row, and the other rows of those files (a file is replaced
+    whole). Rows in other files are left where they are."""
+    if parts.num_rows == 0:
+        return PLANNED_SCHEMA.empty_table()
+    stored_rows = stored.to_pylist()
+    files = {_window_key(row): row.pop(FILE_COLUMN) for row in stored_rows}
+    part_groups: dict[str, list[Row]] = defaultdict(list)
+    for part in parts.to_pylist():
+        part_groups[part["metric"]].append(part)
+    stored_groups: dict[str, list[Row]] = defaultdict(list)
+    for row in stored_rows:
+        stored_groups[row["metric"]].append(row)
+    planned: list[Row] = []
+    rewritten: set[WindowKey] = set()
+    for metric, part_rows in sorted(part_groups.items()):
+        changed, (total, day_nodes) = combine_day(part_rows, stored_groups[metric])
+        planned += [{**row, ENTRY: WRITE} for row in changed]
+        rewritten |= {_window_key(row) for row in changed}
+        first = part_rows[0]
+        planned.append(
+            {
+                ENTRY: TOTAL,
+                "tenant": first["tenant"],
+                "metric": metric,
+                "date": first["date"],
+                "day_total": total,
+                "day_nodes": [{"node": n, "value": v} for n, v in day_nodes.items()],
+            }
+        )
+    replaced = {files[key] for key in rewritten if key in files}
+    kept = [
+        {**row, ENTRY: KEEP}
+        for row in stored_rows
+        if files[_window_key(row)] in replaced and _window_key(row) not in rewritten
     ]
-    return pa.Table.from_pylist(rows, schema=COMBINED_SCHEMA)
+    planned += kept
+    planned += [
+        {ENTRY: FILE, "file": name, "kept": sum(files[_window_key(row)] == name for row in kept)}
+        for name in sorted(replaced)
+    ]
+    return pa.Table.from_pylist(planned, schema=PLANNED_SCHEMA)
 
 
 class UsageWriter:
@@ -358,66 +415,73 @@ class UsageWriter:
             settings.table_path(TABLE), APP_ID, USAGE_SCHEMA, USAGE_PARTITION_BY
         )
 
-    def write(self, batch_id: int, counters: DataFrame) -> dict[GroupKey, DayUsage]:
-        """Add the counter records of batch ``batch_id``; the day totals of the groups it
-        changed, with each node's part (the only rows that reach the driver).
+    def write(
+        self, batch_id: int, counters: DataFrame, touched: Collection[tuple[str, date]]
+    ) -> dict[GroupKey, DayUsage]:
+        """Add the counter records of batch ``batch_id``, whose partitions (tenant, date) are
+        ``touched``; the day totals of the groups it changed, with each node's part (the only
+        rows that reach the driver).
 
-        Empty when nothing was committed: no counter records, or a replayed batch.
+        Empty for a batch without counter records, or a replayed one.
         """
-        from pyspark import StorageLevel
-
+        if not touched:
+            return {}
         done = self.delta.last_batch_id()
         if done is not None and done >= batch_id:
             logger.info("usage: batch %d already committed, skipping replay", batch_id)
             return {}
-        spark = counters.sparkSession
-        # Used twice (the partitions it touches, then the cogroup): aggregated once.
-        parts = partials(counters).persist(StorageLevel.MEMORY_AND_DISK)
-        try:
-            touched = parts.select("tenant", "date").distinct().collect()
-            if not touched:
-                return {}
-            tenants = {row["tenant"] for row in touched}
-            days = {row["date"] for row in touched}
-            self.delta.ensure(spark)
-            stored = (
-                spark.read.format("delta").load(self.delta.path).where(_partitions(tenants, days))
-            )
-            combined = (
-                parts.groupBy(*_GROUP)
-                .cogroup(stored.groupBy(*_GROUP))
-                .applyInArrow(combine_group, spark_schema(COMBINED_SCHEMA))
-                .persist(StorageLevel.MEMORY_AND_DISK)
-            )
-            try:
-                totals = {
-                    (row["tenant"], row["metric"], row["date"]): (
-                        int(row["day_total"]),
-                        {entry["node"]: int(entry["value"]) for entry in row["day_nodes"]},
-                    )
-                    for row in combined.select(*_GROUP, "day_total", "day_nodes")
-                    .distinct()
-                    .collect()
-                }
-                if totals:
-                    prune = _partitions(tenants, days, alias="t.")
-                    self.delta.merge(batch_id, combined, USAGE_KEY, prune=prune)
-            finally:
-                combined.unpersist()
-        finally:
-            parts.unpersist()
-        return totals
+        parts = partials(counters)
+        partitions = _partitions(touched)
+        totals = self.delta.replace(
+            batch_id, counters.sparkSession, partitions, lambda stored: _plan(parts, stored)
+        )
+        return totals or {}
 
 
-def _partitions(tenants: Iterable[str], days: Iterable[date], alias: str = "") -> str:
-    """The SQL condition selecting these tenants' partitions of these days (``alias``: the
-    table's, e.g. ``t.`` in a merge)."""
-    dates = ", ".join(f"DATE '{day.isoformat()}'" for day in sorted(set(days)))
-    return f"{alias}tenant IN ({_sql_list(tenants)}) AND {alias}date IN ({dates})"
+def _plan(parts: DataFrame, stored: DataFrame) -> Replacement[dict[GroupKey, DayUsage]]:
+    """The usage commit's replacement (:meth:`sinks.delta.DeltaTableWriter.replace`): the
+    batch's partials combined with the stored rows of their partitions, on the executors; the
+    day totals and the names of the replaced files reach the driver."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F  # noqa: N812
+
+    planned = (
+        parts.groupBy(*_PARTITION)
+        .cogroup(stored.groupBy(*_PARTITION))
+        .applyInArrow(combine_partition, spark_schema(PLANNED_SCHEMA))
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
+    small = (
+        planned.where(F.col(ENTRY).isin(TOTAL, FILE))
+        .select(ENTRY, "tenant", "metric", "date", "day_total", "day_nodes", "file", "kept")
+        .collect()
+    )
+    totals = {
+        (row["tenant"], row["metric"], row["date"]): (
+            int(row["day_total"]),
+            {entry["node"]: int(entry["value"]) for entry in row["day_nodes"]},
+        )
+        for row in small
+        if row[ENTRY] == TOTAL
+    }
+    replaced = [row["file"] for row in small if row[ENTRY] == FILE]
+    # Changed rows and the rows kept from replaced files go to files of their own: the next
+    # batch most likely changes the same rows again, and then their file holds only those.
+    kinds = [WRITE, KEEP] if any(row["kept"] for row in small if row[ENTRY] == FILE) else [WRITE]
+    return Replacement(
+        rows=[planned.where(F.col(ENTRY) == kind).select(*USAGE_SCHEMA.names) for kind in kinds],
+        replaced=replaced,
+        result=totals,
+        release=planned.unpersist,
+    )
 
 
-def _sql_list(values: Iterable[str]) -> str:
-    return ", ".join(sql_string(v) for v in sorted(set(values)))
+def _partitions(touched: Iterable[tuple[str, date]]) -> str:
+    """The SQL condition selecting the partitions ``touched`` (tenant, date)."""
+    return " OR ".join(
+        f"(tenant = {sql_string(tenant)} AND date = DATE '{day.isoformat()}')"
+        for tenant, day in sorted(set(touched))
+    )
 
 
 class UsageStep:
@@ -442,12 +506,17 @@ class UsageStep:
         self.writers = tuple(writers)
 
     def __call__(
-        self, spark: SparkSession, batch_id: int, counters: DataFrame | None
+        self,
+        spark: SparkSession,
+        batch_id: int,
+        counters: DataFrame | None,
+        touched: Collection[tuple[str, date]],
     ) -> list[QuotaEvent]:
-        """Batch ``batch_id``'s counter records (None: the batch has none) into ``usage``;
+        """Batch ``batch_id``'s counter records (None: the batch has none), of the partitions
+        (tenant, date) ``touched``, into ``usage``;
         the quota step runs on every batch (a changed limit counts from the next batch). The
         quota decisions it made (none without the quota step, or on a replay)."""
-        totals = self.usage.write(batch_id, counters) if counters is not None else {}
+        totals = self.usage.write(batch_id, counters, touched) if counters is not None else {}
         if self.quota is None:
             return []
         return self.quota.run(spark, batch_id, totals)

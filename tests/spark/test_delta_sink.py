@@ -17,7 +17,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812
 
 from schemas.tables import MESSAGES_PARTITION_BY, MESSAGES_SCHEMA
-from sinks.delta import DeltaTableWriter, read_table, spark_schema
+from sinks.delta import FILE_COLUMN, DeltaTableWriter, Replacement, read_table, spark_schema
 from sinks.errors import DeltaSinkError, SinkSchemaError
 
 pytestmark = pytest.mark.spark
@@ -164,22 +164,44 @@ USAGE_LIKE = pa.schema(
 )
 
 
-def test_a_merge_is_exactly_once_per_batch(spark: SparkSession, tmp_path: Path) -> None:
-    upserts = DeltaTableWriter(tmp_path / "t", "test.merge", USAGE_LIKE, ("tenant",))
+def test_a_replacement_is_exactly_once_and_planned_again_after_a_compaction(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    upserts = DeltaTableWriter(tmp_path / "t", "test.replace", USAGE_LIKE, ("tenant",))
 
     def rows(*kv: tuple[int, int]) -> DataFrame:
         return spark.createDataFrame(
             [{"tenant": "acme", "k": k, "v": v} for k, v in kv], spark_schema(USAGE_LIKE)
         )
 
-    upserts.merge(0, rows((1, 10), (2, 20)), ["tenant", "k"], prune="t.tenant = 'acme'")
-    upserts.merge(1, rows((2, 21), (3, 30)), ["tenant", "k"])
-    upserts.merge(1, rows((2, 99), (4, 99)), ["tenant", "k"])  # a replay of batch 1: skipped
+    upserts.append(0, rows((1, 10), (2, 20)))
+    upserts.append(1, rows((3, 30)))
+    plans: list[set[str]] = []
+
+    def plan(stored: DataFrame) -> Replacement[int]:
+        """Set k=2 to 21: its file is replaced, with the other rows in it kept."""
+        if not plans:  # a compaction commits between the read and the commit
+            spark.sql(f"OPTIMIZE delta.`{upserts.path}`")
+        plans.append({row[FILE_COLUMN] for row in stored.collect()})
+        (name,) = {row[FILE_COLUMN] for row in stored.where("k = 2").collect()}
+        new = (
+            stored.where(F.col(FILE_COLUMN) == name)
+            .withColumn("v", F.when(F.col("k") == 2, 21).otherwise(F.col("v")))
+            .drop(FILE_COLUMN)
+        )
+        return Replacement(rows=[new], replaced=[name], result=len(plans))
+
+    assert upserts.replace(2, spark, "tenant = 'acme'", plan) == 2  # planned twice
+    assert len(plans[0]) >= 2
+    assert len(plans[1]) == 1  # the second plan read the compacted file
+    assert upserts.replace(2, spark, "tenant = 'acme'", plan) is None  # a replay: skipped
+    assert len(plans) == 2
     back = read_table(upserts.path).sort_by("k").to_pylist()
     assert [(r["k"], r["v"]) for r in back] == [(1, 10), (2, 21), (3, 30)]
-    assert upserts.last_batch_id() == 1
-    # The session is left as it was: no later write can pick up the merge's app id.
-    assert spark.conf.get("spark.databricks.delta.write.txnAppId", None) is None
+    assert upserts.last_batch_id() == 2
+    history = DeltaTable(upserts.path).history(1)[0]
+    assert history["operation"] == "WRITE"
+    assert history["operationParameters"]["mode"] == "Overwrite"
 
 
 def test_reading_a_missing_table_or_bad_sql_is_a_sink_error(

@@ -17,10 +17,20 @@ from schemas.usage import (
     USAGE_PARTIAL_SCHEMA,
     USAGE_SCHEMA,
 )
+from sinks.delta import FILE_COLUMN
 from streaming.errors import PipelineConfigError
 from streaming.quota import QuotaEvent, classify, decide, decisions
 from streaming.quota_settings import QuotaSettings, TenantLimits
-from streaming.usage import combine, combine_group, node_parts
+from streaming.usage import (
+    ENTRY,
+    FILE,
+    KEEP,
+    TOTAL,
+    WRITE,
+    combine,
+    combine_partition,
+    node_parts,
+)
 
 NOON = dt.datetime(2024, 3, 10, 12, tzinfo=dt.UTC)
 DAY = NOON.date()
@@ -239,22 +249,68 @@ def test_combine_recomputes_later_windows_and_skips_unchanged_rows() -> None:
     assert new[0]["window_end"] == minute(1)
 
 
+STORED_SCHEMA = USAGE_SCHEMA.append(pa.field(FILE_COLUMN, pa.string(), nullable=False))
+
+
+def planned(
+    parts: list[dict[str, Any]], rows: list[dict[str, Any]], files: list[str] | None = None
+) -> list[dict[str, Any]]:
+    """combine_partition's entries for one partition; ``files``: the data file of each stored
+    row (all in one file by default)."""
+    named = [
+        {**row, FILE_COLUMN: name}
+        for row, name in zip(rows, files or ["f1"] * len(rows), strict=True)
+    ]
+    return combine_partition(
+        pa.Table.from_pylist(parts, schema=USAGE_PARTIAL_SCHEMA),
+        pa.Table.from_pylist(named, schema=STORED_SCHEMA),
+    ).to_pylist()
+
+
 def day_nodes(
     parts: list[dict[str, Any]], rows: list[dict[str, Any]]
 ) -> tuple[int, dict[str, int]]:
-    """The day total and node parts combine_group reports (the same on every changed row)."""
-    result = combine_group(
-        pa.Table.from_pylist(parts, schema=USAGE_PARTIAL_SCHEMA),
-        pa.Table.from_pylist(rows, schema=USAGE_SCHEMA),
-    ).to_pylist()
-    reported = {
-        (r["day_total"], tuple((e["node"], e["value"]) for e in r["day_nodes"])) for r in result
-    }
-    ((total, nodes),) = reported
+    """The day total and node parts combine_partition reports for the one group of ``parts``."""
+    ((total, nodes),) = [
+        (r["day_total"], tuple((e["node"], e["value"]) for e in r["day_nodes"]))
+        for r in planned(parts, rows)
+        if r[ENTRY] == TOTAL
+    ]
     return total, dict(nodes)
 
 
-def test_combine_group_reports_each_nodes_part_of_the_day_total() -> None:
+def test_combine_partition_replaces_only_the_files_holding_a_changed_row() -> None:
+    rows = [
+        stored("messages_in", 1, 3, a=(3, 0)),
+        stored("bytes_in", 1, 100, a=(100, 0)),
+        stored("messages_in", 2, 4, a=(1, 0)),
+        stored("bytes_in", 2, 150, a=(50, 0)),
+        stored("sessions", 2, 7, a=(7, 0)),
+    ]
+    parts = [part("messages_in", 2, "b", 10), part("bytes_in", 3, "a", 5)]
+    entries = planned(parts, rows, ["f1", "f1", "f2", "f2", "f3"])
+
+    def of(kind: str) -> list[tuple[Any, ...]]:
+        return sorted(
+            (r["metric"], r["window_start"].minute, r["value"], r["day_value"])
+            for r in entries
+            if r[ENTRY] == kind
+        )
+
+    # messages_in's minute 2 changes: its file f2 is replaced, with bytes_in's minute 2 kept as
+    # it was; bytes_in's new minute 3 replaces nothing; f1 and f3 stay.
+    assert of(WRITE) == [("bytes_in", 3, 5, 155), ("messages_in", 2, 11, 14)]
+    assert of(KEEP) == [("bytes_in", 2, 50, 150)]
+    assert [r["file"] for r in entries if r[ENTRY] == FILE] == ["f2"]
+    totals = {r["metric"]: r["day_total"] for r in entries if r[ENTRY] == TOTAL}
+    assert totals == {"messages_in": 14, "bytes_in": 155}
+    # Nothing changes, nothing is replaced: a batch of only new windows is a pure append.
+    fresh = planned([part("messages_in", 9, "a", 1)], rows, ["f1", "f1", "f2", "f2", "f3"])
+    assert [r[ENTRY] for r in fresh] == [WRITE, TOTAL]
+    assert planned([], rows) == []
+
+
+def test_combine_partition_reports_each_nodes_part_of_the_day_total() -> None:
     # The confirmed totals of issue 14: windows before the batch, untouched later ones and the
     # changed ones all count, once each, and the parts add up to the day total.
     rows = [
