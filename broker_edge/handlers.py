@@ -187,7 +187,12 @@ def handle_publish(broker: Broker, conn: Connection, packet: Publish, now: float
     assert pid is not None
     if qos == _QOS2:
         session.hold_rel(pid)
-    broker.after_durable(seq, conn, pid, qos)
+    # Acknowledged once the journal has it, with the rest of the turn (Broker.receive).
+    acks = conn.durable_acks
+    if acks is None:
+        conn.durable_acks = [(seq, pid, qos)]
+    else:
+        acks.append((seq, pid, qos))
 
 
 def conn_session(broker: Broker, conn: Connection) -> Session:

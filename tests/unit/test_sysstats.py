@@ -48,6 +48,7 @@ class FakeJournal:
     backlog = 0  # everything is durable at once
 
     lake_committed_seq = 0
+    durable_seq = 0
 
     @property
     def appended_seq(self) -> int:
