@@ -302,6 +302,15 @@ class Broker:
                 self.journal.after_durable(self.journal.appended_seq, durable, refused)
                 if conn.journal_bytes > self.limits.max_backlog_bytes:
                     self.pause(conn, PAUSED_BY_BACKLOG)
+                if self.journal.backlog > self.settings.max_journal_backlog and not (
+                    conn.paused_for & PAUSED_BY_JOURNAL
+                ):
+                    # The journal is behind: stop reading from this publisher until it catches
+                    # up, rather than accept what we cannot make durable (checked once a turn:
+                    # reading stops after the turn either way).
+                    stats.reads_paused += 1
+                    self.pause(conn, PAUSED_BY_JOURNAL)
+                    self.paused_readers.add(conn)
             if more:
                 self.pause(conn, PAUSED_BY_ROUTING)
             elif conn.paused_for & PAUSED_BY_ROUTING:

@@ -857,6 +857,13 @@ class Decoder:
                 ):
                     self._pos = stop
                     return _decode_publish(first, data, start, stop, version == _V5)
+                if first == 0x40 and stop - start == 2 and version:
+                    # A plain PUBACK (a subscriber's, once per QoS 1 delivery): its packet id,
+                    # which may not be 0 [MQTT-2.3.1-1] (then the general path raises).
+                    packet_id = (data[start] << 8) | data[start + 1]
+                    if packet_id:
+                        self._pos = stop
+                        return Puback(packet_id)
                 self._check_first_byte(first >> 4, first & 0x0F)
                 self._pos = stop
                 return self._decode(first, data[start:stop])
