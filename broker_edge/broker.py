@@ -245,11 +245,10 @@ class Broker:
         self.awaiting_connect.add(conn)
         return conn
 
-    def receive(self, conn: Connection, data: bytes, now: float, packets: int = 0) -> bool:
-        """One turn: feed bytes from the socket (``packets`` complete packets in them, as the
-        listener counted) and handle the events they complete; raises ProtocolError when the
-        peer broke the protocol. The turn's publishes are charged to the client until the
-        journal has them.
+    def receive(self, conn: Connection, data: bytes, now: float) -> bool:
+        """One turn: feed bytes from the socket and handle the events they complete (counted in
+        ``packets_in``); raises ProtocolError when the peer broke the protocol. The turn's
+        publishes are charged to the client until the journal has them.
 
         Stops early, returning True, once this call has routed more than
         ``max_deliveries_per_turn`` deliveries (a burst fanned out to many subscribers), or
@@ -260,7 +259,6 @@ class Broker:
         """
         stats = self.stats
         stats.wire_bytes_in += len(data)
-        stats.packets_in += packets
         conn.receive_data(data, now)
         handlers = HANDLERS
         turn_ends = stats.messages_out + self.settings.max_deliveries_per_turn
@@ -275,6 +273,9 @@ class Broker:
                     more = True
                     break
         finally:
+            decoder = conn.decoder
+            stats.packets_in += decoder.decoded
+            decoder.decoded = 0
             if conn.out or conn.closing:
                 self.outbox.dirty.add(conn)
             if conn.turn_bytes:
