@@ -129,6 +129,11 @@ class Journal(Protocol):
         """The seq of the newest record appended."""
         ...
 
+    @property
+    def durable_seq(self) -> int:
+        """Every record up to this seq is durable."""
+        ...
+
     # What the lake has committed of this journal (retention deletes up to it).
     lake_committed_seq: int
 
@@ -241,11 +246,10 @@ class Broker:
         self.awaiting_connect.add(conn)
         return conn
 
-    def receive(self, conn: Connection, data: bytes, now: float, packets: int = 0) -> bool:
-        """One turn: feed bytes from the socket (``packets`` complete packets in them, as the
-        listener counted) and handle the events they complete; raises ProtocolError when the
-        peer broke the protocol. The turn's publishes are charged to the client until the
-        journal has them.
+    def receive(self, conn: Connection, data: bytes, now: float) -> bool:
+        """One turn: feed bytes from the socket and handle the events they complete (counted in
+        ``packets_in``); raises ProtocolError when the peer broke the protocol. The turn's
+        publishes are charged to the client until the journal has them.
 
         Stops early, returning True, once this call has routed more than
         ``max_deliveries_per_turn`` deliveries (a burst fanned out to many subscribers), or
@@ -256,7 +260,6 @@ class Broker:
         """
         stats = self.stats
         stats.wire_bytes_in += len(data)
-        stats.packets_in += packets
         conn.receive_data(data, now)
         handlers = HANDLERS
         turn_ends = stats.messages_out + self.settings.max_deliveries_per_turn
@@ -271,23 +274,45 @@ class Broker:
                     more = True
                     break
         finally:
+            decoder = conn.decoder
+            stats.packets_in += decoder.decoded
+            decoder.decoded = 0
             if conn.out or conn.closing:
                 self.outbox.dirty.add(conn)
             if conn.turn_bytes:
                 # Charge this turn's publishes to the client until the journal has them (see
-                # Connection.end_turn); inline: once per read.
+                # Connection.end_turn), and acknowledge its QoS 1/2 publishes then: one waiter
+                # per turn, not one per publish; inline: once per read.
                 pending = conn.end_turn()
+                acks = conn.take_acks()
 
-                def journaled() -> None:
+                def durable() -> None:
+                    if acks is not None and conn.acks_durable(acks):
+                        self.outbox.dirty.add(conn)
+                    if conn.journaled(pending):
+                        self.resume(conn, PAUSED_BY_BACKLOG)
+
+                def refused() -> None:
+                    if acks is not None:
+                        self._refuse_acks(conn, acks)
                     if conn.journaled(pending):
                         self.resume(conn, PAUSED_BY_BACKLOG)
 
                 # Released when durable, or when the journal failed their frame and dropped
                 # them (refused): either way they no longer wait. The newest record: the
                 # turn's publishes are at or before it (a turn is one client's).
-                self.journal.after_durable(self.journal.appended_seq, journaled, journaled)
+                self.journal.after_durable(self.journal.appended_seq, durable, refused)
                 if conn.journal_bytes > self.limits.max_backlog_bytes:
                     self.pause(conn, PAUSED_BY_BACKLOG)
+                if self.journal.backlog > self.settings.max_journal_backlog and not (
+                    conn.paused_for & PAUSED_BY_JOURNAL
+                ):
+                    # The journal is behind: stop reading from this publisher until it catches
+                    # up, rather than accept what we cannot make durable (checked once a turn:
+                    # reading stops after the turn either way).
+                    stats.reads_paused += 1
+                    self.pause(conn, PAUSED_BY_JOURNAL)
+                    self.paused_readers.add(conn)
             if more:
                 self.pause(conn, PAUSED_BY_ROUTING)
             elif conn.paused_for & PAUSED_BY_ROUTING:
@@ -737,21 +762,21 @@ class Broker:
         self.outbox.deliver(deliveries)
         return any(qos and not session.clean for session, _, qos, _, _ in deliveries)
 
-    def after_durable(self, seq: int, conn: Connection, packet_id: int, qos: int) -> None:
-        def durable() -> None:
-            if conn.ack_durable(packet_id, qos):
-                self.outbox.dirty.add(conn)
-
-        def refused() -> None:
-            if conn.refuse_undurable(packet_id, qos):
+    def _refuse_acks(self, conn: Connection, acks: list[tuple[int, int, int]]) -> None:
+        """The journal failed the frame of a turn's last record. Its publishes that an earlier
+        frame made durable are acknowledged; the others are refused."""
+        durable_seq = self.journal.durable_seq
+        for seq, packet_id, qos in acks:
+            if seq <= durable_seq:
+                if conn.ack_durable(packet_id, qos):
+                    self.outbox.dirty.add(conn)
+            elif conn.refuse_undurable(packet_id, qos):
                 self.journal_refused += 1
                 if qos == 2 and conn.version == ProtocolVersion.MQTT_5:
                     session = self.session_of.get(conn)
                     if session is not None:
                         session.release_rel(packet_id)  # a PUBREC 0x80 ends it [MQTT-4.3.3-4]
                 self.outbox.mark(conn)
-
-        self.journal.after_durable(seq, durable, refused)
 
     def refuse_for_journal(self, conn: Connection, packet: Publish) -> None:
         """The journal is full or failing: nothing can be made durable, so nothing is taken.

@@ -787,7 +787,9 @@ class Decoder:
     past it; nothing is read tentatively, so there is nothing to roll back.
     """
 
-    __slots__ = ("_chunked", "_chunks", "_data", "_pos", "max_packet_size", "protocol_version")
+    __slots__ = (
+        "_chunked", "_chunks", "_data", "_pos", "decoded", "max_packet_size", "protocol_version",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -805,6 +807,9 @@ class Decoder:
         self._chunked = 0  # bytes in _chunks
         self.max_packet_size = max_packet_size
         self.protocol_version = protocol_version
+        # Packets returned so far, for $SYS (the owner may reset it): counting here costs one
+        # increment a packet, against a second walk of every read's framing.
+        self.decoded = 0
 
     @property
     def buffered(self) -> int:
@@ -856,7 +861,16 @@ class Decoder:
                     and version
                 ):
                     self._pos = stop
+                    self.decoded += 1
                     return _decode_publish(first, data, start, stop, version == _V5)
+                if first == 0x40 and stop - start == 2 and version:
+                    # A plain PUBACK (a subscriber's, once per QoS 1 delivery): its packet id,
+                    # which may not be 0 [MQTT-2.3.1-1] (then the general path raises).
+                    packet_id = (data[start] << 8) | data[start + 1]
+                    if packet_id:
+                        self._pos = stop
+                        self.decoded += 1
+                        return Puback(packet_id)
                 self._check_first_byte(first >> 4, first & 0x0F)
                 self._pos = stop
                 return self._decode(first, data[start:stop])
@@ -917,6 +931,7 @@ class Decoder:
         if version is None and isinstance(packet, Connect):
             # Only a CONNECT gets here (see _check_first_byte); the server learns the version.
             self.protocol_version = packet.protocol_version
+        self.decoded += 1
         return packet
 
     def _check_first_byte(self, packet_type: int, flags: int) -> None:

@@ -231,7 +231,6 @@ class GroupCommitter:
                     if self._stopping:
                         return
                     continue
-                self._check_space(loop)
                 with lock:
                     lagging = self._report_scheduled
                     if lagging:
@@ -241,9 +240,12 @@ class GroupCommitter:
                         self._idle = True
                     else:
                         self._report_scheduled = True
+                if not lagging:
+                    loop.call_soon_threadsafe(self._report)
+                # After the report is on its way: the acknowledgements do not wait for statfs.
+                self._check_space(loop)
                 if lagging:
                     break
-                loop.call_soon_threadsafe(self._report)
             if self._stopping:
                 return
 

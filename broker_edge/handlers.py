@@ -15,7 +15,7 @@ import itertools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from broker_edge.connection import PAUSED_BY_JOURNAL, PAUSED_BY_RATE, Connection
+from broker_edge.connection import PAUSED_BY_RATE, Connection
 from broker_edge.errors import ProtocolError
 from broker_edge.packets import (
     SUBACK_FAILURE_311,
@@ -174,20 +174,17 @@ def handle_publish(broker: Broker, conn: Connection, packet: Publish, now: float
         # The local quota: this publish brought the tenant's day to a limit; the next ones
         # are refused like under a blocked decision (broker_edge.localquota).
         broker.log_events(tenancy.restop(conn.tenant))
-    if broker.journal.backlog > broker.settings.max_journal_backlog and not (
-        conn.paused_for & PAUSED_BY_JOURNAL
-    ):
-        # The journal is behind: stop reading from this publisher until it catches up, rather
-        # than accept what we cannot make durable.
-        broker.stats.reads_paused += 1
-        broker.pause(conn, PAUSED_BY_JOURNAL)
-        broker.paused_readers.add(conn)
     if qos == _QOS0:
         return
     assert pid is not None
     if qos == _QOS2:
         session.hold_rel(pid)
-    broker.after_durable(seq, conn, pid, qos)
+    # Acknowledged once the journal has it, with the rest of the turn (Broker.receive).
+    acks = conn.durable_acks
+    if acks is None:
+        conn.durable_acks = [(seq, pid, qos)]
+    else:
+        acks.append((seq, pid, qos))
 
 
 def conn_session(broker: Broker, conn: Connection) -> Session:
@@ -204,7 +201,7 @@ def handle_ack(
     if broker.router.acked(session, packet.packet_id, event):
         if event is _PUBREC:
             conn.send(Pubrel(packet_id=packet.packet_id))  # [MQTT-4.3.3-3]
-        else:
+        elif session.queue:  # most acks: nothing waits
             broker.outbox.drain(session)
 
 

@@ -10,8 +10,8 @@ becomes a DISCONNECT reason code: a :class:`ProtocolError` closes only that conn
 Transport flow control maps onto the session: while a subscriber's socket buffer is over the
 high-water mark its deliveries wait in its bounded session queue.
 
-What crosses the wire is counted here for ``$SYS``: sockets accepted, bytes read and written,
-and packets received (framed by a :class:`~broker_edge.sysstats.PacketCounter`, without decoding).
+What crosses the wire is counted for ``$SYS``: sockets accepted, bytes read and written, and
+packets received (by the connection's decoder).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from broker_edge.connection import PAUSED_BY_ROUTING, Connection, ConnState
 from broker_edge.errors import ProtocolError
 from broker_edge.mesh import MAGIC
 from broker_edge.packets import ReasonCode
-from broker_edge.sysstats import PacketCounter
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +42,7 @@ class MqttProtocol(asyncio.Protocol):
 
     # One per client: slots keep an idle connection small (issue 9: ≤ 3 KiB per connection).
     __slots__ = (
-        "_broker", "_conn", "_draining", "_ended", "_first", "_loop", "_lost", "_packets",
-        "_transport",
+        "_broker", "_conn", "_draining", "_ended", "_first", "_loop", "_lost", "_transport",
     )  # fmt: skip
 
     def __init__(self, broker: Broker, loop: asyncio.AbstractEventLoop) -> None:
@@ -52,7 +50,6 @@ class MqttProtocol(asyncio.Protocol):
         self._loop = loop
         self._transport: asyncio.Transport | None = None
         self._conn: Connection | None = None
-        self._packets = PacketCounter()
         self._draining = False  # half-closed by us: reads are discarded until the close
         self._lost = False  # the broker was told the connection is gone
         self._ended = False  # the transport is gone: nothing more can be written
@@ -122,7 +119,7 @@ class MqttProtocol(asyncio.Protocol):
             if data[:1] == LINK_FIRST:
                 self._become_link(data)
                 return
-        self._handle(data, self._packets.feed(data))
+        self._handle(data)
 
     def _become_link(self, data: bytes) -> None:
         """A peer edge's link (broker_edge.mesh): no MQTT client at all; the mesh takes the
@@ -138,7 +135,7 @@ class MqttProtocol(asyncio.Protocol):
         else:
             acceptor(transport, conn.peer, data)
 
-    def _handle(self, data: bytes, packets: int = 0) -> None:
+    def _handle(self, data: bytes) -> None:
         """Handle one turn of packets, write what it produced, and come back for the rest of
         a big fan-out on a later loop iteration (reading paused meanwhile)."""
         conn = self._conn
@@ -146,7 +143,7 @@ class MqttProtocol(asyncio.Protocol):
         broker = self._broker
         more = False
         try:
-            more = broker.receive(conn, data, self._loop.time(), packets)
+            more = broker.receive(conn, data, self._loop.time())
         except ProtocolError as exc:
             broker.protocol_failure(conn, exc)
         except Exception as exc:

@@ -142,6 +142,13 @@ class Outbox:
                 usage.bytes_out += size
                 if conn.deliver_qos0(message, retain):
                     dirty.add(conn)
+            elif (
+                conn is not None
+                and not conn.write_paused
+                and len(session.inflight) < session.max_inflight  # Session.window_open
+            ):
+                # QoS 1/2 into an open window (deliver_one's common case, without its call).
+                self._send_publish(conn, session, message, qos, retain, sub_ids)
             else:
                 self.deliver_one(session, conn, message, qos, retain, sub_ids)
 

@@ -38,8 +38,8 @@ may see which ``$SYS`` values is decided when tenants arrive. ``#`` and ``+`` su
 get them: the topic tree does not walk wildcards into a first level starting with ``$``
 [MQTT-4.7.2-1], and clients may not publish there (``Connection._on_publish``).
 
-:class:`PacketCounter` counts MQTT packets in a received byte stream from their fixed headers,
-without decoding them, for ``messages/received``.
+``messages/received`` counts the packets each connection's decoder returned (a malformed packet,
+which closes its connection, is not counted).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class Stats:
     bytes_in: int = 0
     bytes_out: int = 0
     dropped: int = 0
-    # MQTT packets of any type and bytes on the wire (listener, flush_dirty), for $SYS.
+    # MQTT packets of any type (Broker.receive, flush_dirty) and bytes on the wire, for $SYS.
     packets_in: int = 0
     packets_out: int = 0
     wire_bytes_in: int = 0
@@ -281,50 +281,3 @@ class SysTree:
                     loads[topic] = load_step(loads[topic], increase, dt, seconds)
         self._last = now
         self._last_at = at
-
-
-class PacketCounter:
-    """Counts complete MQTT packets in one connection's received byte stream.
-
-    Reads only the fixed header (one type byte, then the Remaining Length varint [MQTT-2.2.3])
-    and skips the body, so chunks may split packets anywhere. It trusts the stream to be framed
-    correctly: a malformed one closes the connection anyway, and then the count does not matter.
-    """
-
-    __slots__ = ("_length", "_shift", "_skip")
-
-    def __init__(self) -> None:
-        self._skip = 0  # body bytes of the current packet still to come
-        self._length = -1  # -1: a fixed header byte comes next; else the varint read so far
-        self._shift = 0
-
-    def feed(self, data: bytes) -> int:
-        """Consume ``data``; returns how many packets it completed."""
-        end = len(data)
-        pos = packets = 0
-        skip, length, shift = self._skip, self._length, self._shift
-        while pos < end:
-            if skip:
-                take = end - pos
-                if take >= skip:
-                    take = skip
-                    packets += 1  # the body's last byte
-                pos += take
-                skip -= take
-            elif length < 0:
-                pos += 1  # the packet type and flags byte
-                length = shift = 0
-            else:
-                byte = data[pos]
-                pos += 1
-                length |= (byte & 0x7F) << shift
-                if byte & 0x80:
-                    shift += 7
-                    continue
-                if length:
-                    skip = length
-                else:
-                    packets += 1  # no body (PINGREQ, DISCONNECT 3.1.1)
-                length = -1
-        self._skip, self._length, self._shift = skip, length, shift
-        return packets

@@ -57,6 +57,10 @@ class FakeJournal:
     def appended_seq(self) -> int:
         return len(self.records)
 
+    @property
+    def durable_seq(self) -> int:
+        return self.durable
+
     def fail(self) -> None:
         """The frame holding every waiting record failed: refuse them (GroupCommitter)."""
         waiting, self.waiters = self.waiters, []
@@ -484,3 +488,37 @@ def test_publishes_of_a_failed_frame_are_refused_not_left_waiting(broker, journa
     else:
         assert peer.replies() == []
         assert peer.closed
+
+
+def _one_read_of_qos1(broker: Broker, version: ProtocolVersion, pids: tuple[int, ...]) -> Peer:
+    """A connected client whose QoS 1 publishes (payload b"x") arrive in one read: one turn."""
+    peer = connected(broker, "pub", version)
+    peer.replies()
+    publishes = (
+        Publish(topic="t/1", payload=b"x", qos=QoS.AT_LEAST_ONCE, packet_id=p) for p in pids
+    )
+    broker.receive(peer.conn, b"".join(encode(p, version) for p in publishes), 0.0)
+    return peer
+
+
+def test_one_read_of_qos1_publishes_is_acknowledged_in_order_once_durable(broker, journal):
+    peer = _one_read_of_qos1(broker, ProtocolVersion.MQTT_3_1_1, (5, 3, 9))
+    broker.flush_dirty()
+    assert peer.replies() == []  # nothing before the journal says durable
+    journal.make_durable()
+    broker.flush_dirty()
+    assert peer.replies() == [Puback(packet_id=5), Puback(packet_id=3), Puback(packet_id=9)]
+    assert peer.conn.inbound_unacked == 0
+
+
+def test_a_read_split_by_a_failed_frame_acknowledges_what_was_durable(broker, journal):
+    # One read's publishes can straddle two frames (the commit thread drains at any time):
+    # those of the frame that was written are acknowledged, the failed frame's refused.
+    peer = _one_read_of_qos1(broker, ProtocolVersion.MQTT_5, (1, 2))
+    first = next(i for i, r in enumerate(journal.records, 1) if r["payload"] == b"x")
+    journal.durable = first
+    journal.fail()
+    broker.flush_dirty()
+    assert peer.replies() == [Puback(packet_id=1), Puback(packet_id=2, reason_code=0x80)]
+    assert peer.conn.inbound_unacked == 0
+    assert broker.journal_refused == 1

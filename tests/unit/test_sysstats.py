@@ -4,13 +4,10 @@ publishing, packet framing, and the broker's publish_system routing."""
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 from collections.abc import Callable
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 from test_connection import FakeIO
 
 from broker_edge.broker import Broker
@@ -27,7 +24,7 @@ from broker_edge.packets import (
     Subscription,
 )
 from broker_edge.settings import EdgeSettings
-from broker_edge.sysstats import LOADS, PacketCounter, Sample, SysTree, load_step, sample
+from broker_edge.sysstats import LOADS, Sample, SysTree, load_step, sample
 from schemas.journal import DEFAULT_TENANT
 
 V4 = ProtocolVersion.MQTT_3_1_1
@@ -48,6 +45,7 @@ class FakeJournal:
     backlog = 0  # everything is durable at once
 
     lake_committed_seq = 0
+    durable_seq = 0
 
     @property
     def appended_seq(self) -> int:
@@ -257,26 +255,22 @@ def _stream() -> tuple[bytes, int]:
     return b"".join(encode(p, v5) for p in packets), len(packets)
 
 
-def test_packet_counter_whole_and_byte_by_byte() -> None:
+def test_the_decoder_counts_packets_whole_and_byte_by_byte() -> None:
     data, n = _stream()
-    assert PacketCounter().feed(data) == n
-    counter = PacketCounter()
-    assert sum(counter.feed(data[i : i + 1]) for i in range(len(data))) == n
+    whole = Decoder()
+    whole.feed(data)
+    assert len(list(whole.packets())) == whole.decoded == n
+    one = Decoder()
+    for i in range(len(data)):
+        one.feed(data[i : i + 1])
+        list(one.packets())
+    assert one.decoded == n
 
 
-@given(st.lists(st.integers(min_value=0, max_value=400), max_size=20))
-def test_packet_counter_agrees_with_the_decoder_for_any_split(cuts: list[int]) -> None:
-    data, n = _stream()
-    points = sorted({c * len(data) // 400 for c in cuts} | {0, len(data)})
-    counter = PacketCounter()
-    decoder = Decoder()
-    counted = decoded = 0
-    for start, end in itertools.pairwise(points):
-        counted += counter.feed(data[start:end])
-        decoder.feed(data[start:end])
-        decoded += len(list(decoder.packets()))
-        assert counted == decoded  # the same packets are complete after every chunk
-    assert counted == n
+def test_received_packets_are_counted_per_turn() -> None:
+    broker = _broker()
+    Peer(broker, "pub").send(Publish(topic="a", payload=b"x"))  # CONNECT, then PUBLISH
+    assert broker.stats.packets_in == 2
 
 
 # -- sampling the broker and publishing ------------------------------------------------------
