@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -308,6 +309,7 @@ class DeltaTableWriter:
         wrote = time.monotonic()
         files = jvm.scala.jdk.javaapi.CollectionConverters.asScala(actions).toList()
         version = self._commit(spark, txn, files, batch_id, "Overwrite", predicate=partitions)
+        self._prepare_next(spark)
         logger.info(
             "%s: batch %d of %s committed as version %d (%d files replaced; written %.2f s, "
             "commit %.2f s)",
@@ -319,6 +321,25 @@ class DeltaTableWriter:
             wrote - began,
             time.monotonic() - wrote,
         )
+
+    def _prepare_next(self, spark: SparkSession) -> None:
+        """Build the new snapshot's file state in a background thread: the next replacement
+        reads it (``filterFiles``), and a Delta snapshot rebuilds it from the log, with Spark
+        jobs, the first time it is asked, after every commit. Built now, while the pipeline
+        writes the next batch's other tables, it is ready when the next replacement starts."""
+        jvm = spark._jvm
+        assert jvm is not None
+        snapshot = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(
+            spark._jsparkSession, self._path
+        ).unsafeVolatileSnapshot()
+
+        def build() -> None:
+            try:
+                snapshot.allFiles().count()
+            except Exception as exc:  # only a head start: the next replacement builds it anyway
+                logger.info("%s: building the snapshot's state ahead failed: %s", self._path, exc)
+
+        threading.Thread(target=build, name="delta-snapshot", daemon=True).start()
 
     def _transaction(self, rows: DataFrame | None, spark: SparkSession | None = None) -> Any:
         """A new Delta transaction on the table (created first if need be); the table's schema
