@@ -481,12 +481,7 @@ class Connection:
 
     def ack_durable(self, packet_id: int, qos: int) -> bool:
         """The journal made an inbound publish durable: acknowledge it (Flow DURABLE)."""
-        if qos == 1:
-            self.inbound_unacked -= 1
-            # PUBACK 0x00 without properties is the same four bytes in 3.1.1 and 5.0 (the
-            # reason code may be omitted when it is 0 [MQTT-3.4.2.1]): no encoder needed.
-            return self.emit(b"\x40\x02" + packet_id.to_bytes(2, "big"))
-        return self.emit(b"\x50\x02" + packet_id.to_bytes(2, "big"))
+        return self.acks_durable([(0, packet_id, qos)])
 
     def take_acks(self) -> list[tuple[int, int, int]] | None:
         """The turn's publishes awaiting the journal (see ``durable_acks``), handed over."""
@@ -495,10 +490,12 @@ class Connection:
 
     def acks_durable(self, acks: list[tuple[int, int, int]]) -> bool:
         """The journal made these publishes (from :meth:`take_acks`) durable: acknowledge them
-        in the order they arrived [MQTT-4.6.0-2], one write for all; True as :meth:`emit`."""
-        self.inbound_unacked -= len(acks)
-        # PUBACK/PUBREC 0x00 without properties: the same four bytes in 3.1.1 and 5.0 (see
-        # ack_durable).
+        in the order they arrived [MQTT-4.6.0-2], one write for all; True as :meth:`emit`.
+        A QoS 1 exchange ends with its PUBACK; a QoS 2 one stays open until PUBREL.
+        """
+        self.inbound_unacked -= sum(qos == 1 for _, _, qos in acks)
+        # PUBACK/PUBREC 0x00 without properties are the same four bytes in 3.1.1 and 5.0 (the
+        # reason code may be omitted when it is 0 [MQTT-3.4.2.1]): no encoder needed.
         return self.emit(
             b"".join(
                 [

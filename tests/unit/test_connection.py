@@ -19,8 +19,10 @@ from broker_edge.packets import (
     Pingreq,
     ProtocolVersion,
     Puback,
+    Pubcomp,
     Publish,
     Pubrec,
+    Pubrel,
     QoS,
     ReasonCode,
     Subscribe,
@@ -522,3 +524,24 @@ def test_a_read_split_by_a_failed_frame_acknowledges_what_was_durable(broker, jo
     assert peer.replies() == [Puback(packet_id=1), Puback(packet_id=2, reason_code=0x80)]
     assert peer.conn.inbound_unacked == 0
     assert broker.journal_refused == 1
+
+
+def test_a_qos2_exchange_stays_open_after_its_durable_pubrec_until_pubrel(broker, journal):
+    # PUBREC (durable) does not end an inbound QoS 2 exchange; PUBREL does [MQTT-4.3.3]: the
+    # receive maximum counts it until then.
+    version = ProtocolVersion.MQTT_5
+    peer = connected(broker, "pub", version)
+    peer.replies()
+    publishes = [
+        Publish(topic="t/1", payload=b"x", qos=QoS.AT_LEAST_ONCE, packet_id=1),
+        Publish(topic="t/2", payload=b"y", qos=QoS.EXACTLY_ONCE, packet_id=2),
+    ]
+    broker.receive(peer.conn, b"".join(encode(p, version) for p in publishes), 0.0)
+    journal.make_durable()
+    broker.flush_dirty()
+    assert peer.replies() == [Puback(packet_id=1), Pubrec(packet_id=2)]
+    assert peer.conn.inbound_unacked == 1  # the QoS 2 exchange is still open
+    broker.receive(peer.conn, encode(Pubrel(packet_id=2), version), 0.0)
+    broker.flush_dirty()
+    assert peer.replies() == [Pubcomp(packet_id=2)]
+    assert peer.conn.inbound_unacked == 0
