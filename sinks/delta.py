@@ -180,7 +180,7 @@ class DeltaTableWriter:
             raise ValueError(f"batch_id must be >= 0, got {batch_id}")
         conformed = self.conformed(rows)
         try:
-            txn = self._transaction(conformed)
+            txn = self._transaction(rows.sparkSession, conformed)
             if self._replayed(txn, batch_id):
                 return None
             began = time.monotonic()
@@ -235,7 +235,7 @@ class DeltaTableWriter:
         attempt = 1
         while True:
             try:
-                txn = self._transaction(None, spark)
+                txn = self._transaction(spark)
                 if self._replayed(txn, batch_id):
                     return None
                 found, stored = self._partition_files(spark, txn, partitions)
@@ -293,21 +293,18 @@ class DeltaTableWriter:
     ) -> None:
         """Write ``replacement``'s rows and commit them with the removal of the files they
         replace (among ``found``) as batch ``batch_id``; nothing when there is neither."""
-        jvm = spark._jvm
-        assert jvm is not None
         began = time.monotonic()
-        actions = jvm.java.util.ArrayList()
+        actions = []
         for rows in replacement.rows:
             added = txn.writeFiles(self.conformed(rows)._jdf).iterator()
             while added.hasNext():
-                actions.add(added.next())
+                actions.append(added.next())
         removed = _removals(found, replacement.replaced)
-        for remove in removed:
-            actions.add(remove)
-        if actions.isEmpty():
+        actions += removed
+        if not actions:
             return
         wrote = time.monotonic()
-        files = jvm.scala.jdk.javaapi.CollectionConverters.asScala(actions).toList()
+        files = _scala_list(spark._jvm, actions)
         version = self._commit(spark, txn, files, batch_id, "Overwrite", predicate=partitions)
         self._prepare_next(spark)
         logger.info(
@@ -341,16 +338,14 @@ class DeltaTableWriter:
 
         threading.Thread(target=build, name="delta-snapshot", daemon=True).start()
 
-    def _transaction(self, rows: DataFrame | None, spark: SparkSession | None = None) -> Any:
+    def _transaction(self, spark: SparkSession, rows: DataFrame | None = None) -> Any:
         """A new Delta transaction on the table (created first if need be); the table's schema
         is checked against ``rows``' once per writer."""
-        session = rows.sparkSession if rows is not None else spark
-        assert session is not None
-        self.ensure(session)
-        jvm = session._jvm
+        self.ensure(spark)
+        jvm = spark._jvm
         assert jvm is not None  # a classic (not Connect) session, as every session here
         delta = jvm.org.apache.spark.sql.delta
-        txn = delta.DeltaLog.forTable(session._jsparkSession, self._path).startTransaction()
+        txn = delta.DeltaLog.forTable(spark._jsparkSession, self._path).startTransaction()
         if rows is not None and not self._schema_checked:
             self._check_schema(txn.metadata().schema().json(), rows.schema)
         return txn

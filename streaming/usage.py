@@ -23,11 +23,11 @@ and the other rows of those files: a merge's copy-on-write, planned in the one p
 combines. Only each group's day total and the replaced files' names reach the driver.
 
 Why not Delta's MERGE: it joins the batch with the table again to find the files to rewrite,
-then rewrites them, and checks the app transaction by rebuilding the table's state: 3.2-5.7 s a
-batch here against ~1 s for the cogroup that already knows the answer (BENCHMARKS.md, issue
-18). The changed rows and the kept rows go to files of their own: the next batch most likely
-changes the same windows (the current minute) again, and then replaces only the small file
-that holds them.
+then rewrites them, and checks the app transaction by rebuilding the table's state, though the
+cogroup already knows the answer: the step took 6.0 s a batch with MERGE against 3.9 s now
+(``bench.usage_step``, BENCHMARKS.md, issues 18 and 12). The changed rows and the kept rows
+go to files of their own: the next batch most likely changes the same windows (the current
+minute) again, and then replaces only the small file that holds them.
 
 Exactly once: the commit carries the Delta app transaction ``(edgebus.usage, batch_id)``. A
 batch replayed after a crash is skipped before anything is read, so its deltas are never added
@@ -52,7 +52,7 @@ Counter records whose topic or payload breaks the counter contract (:func:`parse
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Collection, Iterable, Mapping
 from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -400,10 +400,8 @@ def combine_partition(parts: pa.Table, stored: pa.Table) -> pa.Table:
         if files[_window_key(row)] in replaced and _window_key(row) not in rewritten
     ]
     planned += kept
-    planned += [
-        {ENTRY: FILE, "file": name, "kept": sum(files[_window_key(row)] == name for row in kept)}
-        for name in sorted(replaced)
-    ]
+    kept_in = Counter(files[_window_key(row)] for row in kept)
+    planned += [{ENTRY: FILE, "file": name, "kept": kept_in[name]} for name in sorted(replaced)]
     return pa.Table.from_pylist(planned, schema=PLANNED_SCHEMA)
 
 
@@ -419,16 +417,12 @@ class UsageWriter:
         self, batch_id: int, counters: DataFrame, touched: Collection[tuple[str, date]]
     ) -> dict[GroupKey, DayUsage]:
         """Add the counter records of batch ``batch_id``, whose partitions (tenant, date) are
-        ``touched``; the day totals of the groups it changed, with each node's part (the only
+        ``touched``; the day totals of the groups it touched, with each node's part (the only
         rows that reach the driver).
 
         Empty for a batch without counter records, or a replayed one.
         """
         if not touched:
-            return {}
-        done = self.delta.last_batch_id()
-        if done is not None and done >= batch_id:
-            logger.info("usage: batch %d already committed, skipping replay", batch_id)
             return {}
         parts = partials(counters)
         partitions = _partitions(touched)
