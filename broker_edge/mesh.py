@@ -187,14 +187,10 @@ def reach(tenant: str, topic: str) -> str:
     return LOCAL
 
 
-def crosses(tenant: str, topic: str) -> bool:
-    """Whether a message of ``tenant`` on ``topic`` may go to any peer."""
-    return reach(tenant, topic) != LOCAL
-
-
 def goes_to(tenant: str, topic: str, node: str) -> bool:
-    """Whether a retained message of ``tenant`` on ``topic`` goes to peer ``node`` (what a
-    link coming up sends it: every one that crosses, a journal notice only to its node)."""
+    """Whether a message of ``tenant`` on ``topic`` may go to peer ``node`` (what a link
+    coming up sends it, what it may receive: every one that crosses, a journal notice only to
+    its node)."""
     where = reach(tenant, topic)
     return where in (FILTERS, EVERY) or where == node
 
@@ -813,7 +809,6 @@ __all__ = [
     "PeerRoutes",
     "PeerState",
     "Unacked",
-    "crosses",
     "frame",
     "goes_to",
     "publish_frame",

@@ -338,8 +338,7 @@ class Mesh:
         topic = message.topic
         if topic[0] != "$":
             return
-        where = mesh.reach(message.tenant, topic)
-        if where not in (mesh.FILTERS, mesh.EVERY, self.node_id):
+        if not mesh.goes_to(message.tenant, topic, self.node_id):
             kind = "PUBLISH" if live else "RETAINED"
             raise MeshProtocolError(f"{kind} on {topic!r}, which does not cross to this node")
 

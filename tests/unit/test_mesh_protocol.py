@@ -18,7 +18,6 @@ from broker_edge.mesh import (
     PeerRoutes,
     PeerState,
     Unacked,
-    crosses,
 )
 from broker_edge.message import Message
 from broker_edge.packets import Properties, QoS, Subscription
@@ -250,11 +249,11 @@ def test_a_new_links_set_replaces_the_filters_only_once_it_is_all_there() -> Non
 
 
 def test_what_crosses() -> None:
-    assert crosses("acme", "fleet/v1")
-    assert crosses("acme", "$log/mqtt/connect")
-    assert crosses("acme", "$counters/messages_in")
+    assert mesh.reach("acme", "fleet/v1") == mesh.FILTERS
+    assert mesh.reach("acme", "$log/mqtt/connect") == mesh.FILTERS
+    assert mesh.reach("acme", "$counters/messages_in") == mesh.FILTERS
     for local in ("$SYS/broker/uptime", "$control/quota/acme", "$quota/messages_per_day"):
-        assert not crosses("acme", local)
+        assert mesh.reach("acme", local) == mesh.LOCAL
     # The operator's decisions reach every edge; journal notices the one they name.
     assert mesh.reach(OPERATOR, "$control/quota/acme") == mesh.EVERY
     assert mesh.reach(OPERATOR, "$control/usage/acme") == mesh.EVERY
