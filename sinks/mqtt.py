@@ -71,6 +71,8 @@ class DecisionPublisher:
         # After a failed delivery a broker is not tried again before _retry_at (monotonic).
         self._retry_at: dict[Broker, float] = {}
         self._delay: dict[Broker, float] = {}
+        # The pipeline publishes from two threads: the journal notices and the quota step's.
+        self._lock = threading.Lock()
 
     @property
     def brokers(self) -> tuple[Broker, ...]:
@@ -82,7 +84,12 @@ class DecisionPublisher:
 
     def publish(self, messages: Mapping[str, Sequence[bytes]]) -> list[MqttSinkError]:
         """Queue ``messages`` (topic -> payloads, in order) for every broker, then deliver every
-        outbox whose broker is not backing off. Returns the errors of this call's attempts."""
+        outbox whose broker is not backing off. Returns the errors of this call's attempts.
+        One call at a time (calls from other threads wait)."""
+        with self._lock:
+            return self._publish(messages)
+
+    def _publish(self, messages: Mapping[str, Sequence[bytes]]) -> list[MqttSinkError]:
         for box in self._outboxes.values():
             box.update((topic, tuple(payloads)) for topic, payloads in messages.items())
         errors: list[MqttSinkError] = []

@@ -3,16 +3,18 @@
 Theory of operation
 -------------------
 The hot path pays for nothing it does not already compute: :class:`TableFanout` calls
-:meth:`PipelineMetrics.batch_done` once per micro-batch with what it has anyway (the rows each
-table's commit holds, the batch's end offset per node, its step timings); the quota step hands
+:meth:`PipelineMetrics.batch_done` once per micro-batch with what it has anyway (the rows the
+``messages`` commit holds, the batch's end offset per node, its time), the other tables' thread
+(:mod:`streaming.others`) :meth:`PipelineMetrics.others_done` with theirs; the quota step hands
 over its decisions, the quality schedule its results. Each is a handful of counter increments.
 
 Lag is measured when Prometheus scrapes, not per batch: the collector reads each node's durable
 end the way the source's ``latestOffset`` does (the ``DURABLE`` watermark and the newest
 segment's frame headers of every local journal, ``GET /journal`` of every edge read over HTTP;
 an edge that does not answer within a second is left out of that scrape) and compares it with
-what the lake holds: the last seq of each node in the last batch every table committed
-(:meth:`batch_done`; at start, the offsets of the checkpoint's last committed batch).
+what the lake holds: the last seq of each node in the last batch ``messages`` committed (what
+analysts wait for; :meth:`batch_done`; at start, the offsets of the checkpoint's last committed
+batch).
 
 - ``edgebus_pipeline_lag_records{node}``: durable records of the node not in the lake yet;
 - ``edgebus_pipeline_lag_seconds{node}``: how long the oldest of them has waited (now minus its
@@ -122,18 +124,22 @@ class PipelineMetrics:
         ends: Mapping[str, int],
         elapsed: float,
     ) -> None:
-        """A micro-batch is in every table: its rows per destination (None: not known), its
-        step timings, each node's last seq in it, and its wall time (steps may overlap: the
-        small tables' appends run beside the usage step)."""
+        """A micro-batch is in ``messages``: its rows (None: not known), its step timings,
+        each node's last seq in it, and its wall time."""
         self.batches.inc()
+        self.others_done(counts, timings)
+        self.batch_seconds.observe(elapsed)
+        self.last_batch.set(self._clock())
+        self.lag.committed(ends)
+
+    def others_done(self, counts: Mapping[str, int | None], timings: Mapping[str, float]) -> None:
+        """Rows written to other tables (behind the stream, :mod:`streaming.others`) and the
+        time their steps took."""
         for dest, n in counts.items():
             if n:
                 self.rows.labels(DESTINATION_TABLES.get(dest, dest)).inc(n)
         for step, seconds in timings.items():
             self.step_seconds.labels(step).inc(seconds)
-        self.batch_seconds.observe(elapsed)
-        self.last_batch.set(self._clock())
-        self.lag.committed(ends)
 
     def quota_decided(self, events: Iterable[QuotaEvent]) -> None:
         for event in events:

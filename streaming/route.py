@@ -43,6 +43,7 @@ rows, nearly all of them null) against well under 1 µs for a string.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import cast
 
 import orjson
 import pyarrow as pa
@@ -309,6 +310,24 @@ def _to_json(lists: pa.ChunkedArray) -> pa.Array:
         ],
         pa.string(),
     )
+
+
+def share(routed: DataFrame, dest: str) -> DataFrame:
+    """The routed rows for ``dest`` with that destination's columns (``user_properties``
+    parsed back from its JSON text on the wire): the stream's rows for ``messages`` (all of
+    them), a second read's rows with ``dest`` naming the table for the others."""
+    from pyspark.sql import functions as F  # noqa: N812 (pyspark's own convention)
+
+    schema = DESTINATIONS[dest]
+    columns = [
+        from_wire(F.col(name), cast(ArrayType, spark_schema(schema)[name].dataType)).alias(name)
+        if name == WIRE_COLUMN
+        else F.col(f"`{name}`")
+        for name in schema.names
+    ]
+    if dest != MESSAGES:
+        routed = routed.where(F.col("dest") == dest)
+    return routed.select(*columns)
 
 
 def from_wire(text: Column, data_type: ArrayType) -> Column:

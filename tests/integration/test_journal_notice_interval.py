@@ -1,8 +1,9 @@
 """The pipeline's journal notices go to the edges at most every NOTICE_INTERVAL_SECONDS while
 the query runs (each delivery is a connection the edge journals: a notice per batch would make
 every notice start a batch of its own), and at once when it stops; a node whose notice waited
-keeps its seq (issue 12). A real edge and the real publisher; batches stand in by their end
-offsets and Spark's commit markers."""
+keeps its seq (issue 12); a batch the other tables (written behind the stream) do not hold yet
+waits for them. A real edge and the real publisher; batches stand in by their end offsets,
+Spark's commit markers and the other tables' progress."""
 
 from __future__ import annotations
 
@@ -44,8 +45,12 @@ def test_notices_wait_for_the_interval_and_keep_every_nodes_seq(
     def batch_done(batch_id: int, ends: dict[str, int]) -> None:
         fanout.batch_ended(batch_id, ends)  # what a micro-batch's foreachBatch ends with
         (commits / str(batch_id)).touch()  # Spark marks it done
+        fanout.others.mark_done(batch_id)  # and the other tables hold it
 
-    batch_done(0, {"a": 5, "b": 3})
+    fanout.batch_ended(0, {"a": 5, "b": 3})
+    (commits / "0").touch()
+    fanout.send_notices(now=1000.0)  # marked done, but not in the other tables yet: waits
+    fanout.others.mark_done(0)
     fanout.send_notices(now=1000.0)
     assert notices(make_client, edge.port, ["a", "b"]) == {"a": 5, "b": 3}
 
