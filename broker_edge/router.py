@@ -48,6 +48,7 @@ class SharedGroup:
     members: dict[str, Subscription] = field(default_factory=dict)
     cursor: int = 0
     share: tuple[str, str] = ("", "")  # (group, filter): which one it is (broker_edge.meshgroups)
+    online: int = 0  # members connected here (kept while the edge is in a mesh)
 
     def pick(self, sessions: dict[tuple[str, str], Session], tenant: str) -> str | None:
         ids = list(self.members)
@@ -299,8 +300,8 @@ class Router:
     def _share_changed(self, tenant: str, shared: SharedGroup) -> None:
         interest = self.interest
         if interest is not None:
-            online = self._online(tenant, shared) if shared.members else None
-            interest.share(tenant, *shared.share, online)
+            shared.online = self._online(tenant, shared)
+            interest.share(tenant, *shared.share, shared.online if shared.members else None)
 
     def _shares_changed(self, session: Session) -> None:
         """``session`` connected or disconnected: its groups' connected members changed."""
@@ -320,7 +321,7 @@ class Router:
         if ns is None or not ns.shared:
             return {}
         return {
-            value.share: self._online(tenant, value)
+            value.share: value.online
             for _, value in ns.subscriptions.match(topic)
             if type(value) is SharedGroup
         }
