@@ -290,3 +290,71 @@ def test_a_peers_publish_reaches_one_member_of_each_share_it_names_and_every_pla
     members[0].send(Disconnect())
     broker.connection_lost(members[0].conn, 1.0)  # what the listener does next
     assert broker.router.interest.shares == {(DEFAULT_TENANT, "g", "work/#"): 1}
+
+
+def test_an_offline_persistent_member_takes_a_peers_message_and_a_gone_group_drops_it() -> None:
+    broker = _receiver()
+    member = Peer(broker, "durable", clean=False)
+    member.send(Subscribe(1, (Subscription("$share/g/work/#", QoS.AT_LEAST_ONCE),)))
+    broker.connection_lost(member.conn, 1.0)  # offline, its session kept
+    assert broker.deliver_remote(_message(seq=1), (G,))  # queued: a snapshot must hold it
+    [session] = broker.persistent_sessions()
+    assert [p.message.payload for p in session.queue] == [b"job"]
+    assert not broker.deliver_remote(_message(seq=2), (("gone", "work/#"),))  # nobody here
+    assert len(session.queue) == 1
+
+
+def test_a_restarted_origin_names_every_share_of_a_peer_in_what_it_rebuilds() -> None:
+    from broker_edge.meshlink import Mesh
+
+    origin = Mesh(_receiver(), EdgeSettings(node_id="a"), lambda: None)
+    held = PeerShares()
+    held.set(DEFAULT_TENANT, "g", "work/#", 1)
+    held.set(DEFAULT_TENANT, "h", "work/+", 0)
+    origin.restore(
+        mesh.MeshState(
+            {"b": mesh.PeerState(5, {}, held.state()), "c": mesh.PeerState(9, {}, {})}, {}
+        )
+    )
+    for seq in (5, 6):  # b acknowledged everything up to 5
+        origin.replay(_message(seq=seq))
+    origin.replay(_message("other/1", seq=7))  # no share of b's
+    frames = origin.unacked["b"].frames
+    assert list(frames) == [6]
+    [(_, body)] = mesh.FrameBuffer(1 << 20).feed(frames[6])
+    assert sorted(mesh.parse_publish(body, "a")[1]) == [G, ("h", "work/+")]
+    assert not origin.unacked["c"].frames
+
+
+class _Link:
+    """What Mesh.forward needs of a link: frames sent, never backed up."""
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+
+    def send(self, data: bytes) -> None:
+        self.sent.append(data)
+
+    @staticmethod
+    def congested() -> bool:
+        return False
+
+
+def test_the_origin_gives_each_qos0_publish_to_one_edge_and_sends_no_one_else_a_copy() -> None:
+    from broker_edge.meshlink import Mesh
+
+    broker = _receiver()
+    _subscribed(broker, "local", "$share/g/work/#")  # one connected member here
+    origin = Mesh(broker, EdgeSettings(node_id="a"), lambda: None)
+    links = {node: _Link() for node in ("b", "c", "d")}
+    for node in ("b", "c", "d"):
+        routes = origin.routes[node] = mesh.PeerRoutes()
+        routes.apply_shares(DEFAULT_TENANT, [("g", "work/#", 1)], [])
+    origin.inbound = {node: links[node] for node in ("b", "c")}  # type: ignore[misc]
+    kept = [origin.forward(_message(qos=QoS.AT_MOST_ONCE)) for _ in range(6)]
+    assert sum(G in k for k in kept if k is not None) == 2  # here, in turn
+    for node in ("b", "c"):
+        shares = [mesh.parse_publish(b[5:], "a")[1] for b in links[node].sent]
+        assert shares == [(G,), (G,)]
+    assert links["d"].sent == []  # its link is down: others can deliver now
+    assert origin.shares_given == 4
