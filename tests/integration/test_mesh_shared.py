@@ -60,6 +60,12 @@ def _total(count: int) -> Callable[[Got], bool]:
     return lambda got: sum(map(len, got.values())) >= count
 
 
+def _gone(client: Client) -> None:
+    """Disconnect ``client`` (DISCONNECT sent: its edge knows before the markers come)."""
+    client.close()
+    assert client.disconnected.wait(SETTLE)
+
+
 def _leave(client: Client, share: str) -> None:
     """Unsubscribe ``client`` from ``share`` and wait for its UNSUBACK."""
     done: queue.Queue[int] = queue.Queue()
@@ -134,7 +140,7 @@ def test_members_leaving_and_joining(edges: list[EdgeProcess], make_client: Any)
 
     # B's member goes offline (its session stays, a member still): while A has a connected
     # member, nothing waits on B for it.
-    on_b.close()
+    _gone(on_b)
     _told(make_client, pub, [b], ACME)
     alone = _publish(pub, "churn/x", "offline", 1)
     assert sorted(_collect({"a": on_a}, N)["a"]) == sorted(alone)
@@ -149,7 +155,7 @@ def test_members_leaving_and_joining(edges: list[EdgeProcess], make_client: Any)
     assert {name: len(ps) for name, ps in got.items()} == {"a": 20, "b": 20, "c": 20}
 
     # A's member leaves (a clean session: the group ends on A): B and C share it.
-    on_a.close()
+    _gone(on_a)
     _leave(back, share)  # B's leaves the group, its session stays
     _told(make_client, pub, [b, c], ACME)
     last = _publish(pub, "churn/x", "last", 1)
