@@ -45,7 +45,8 @@ the receiver is a protocol error.
 Shared subscriptions (``$share/{group}/{filter}``) are not filters here: an edge tells its
 *shares* apart (INTEREST's ``sset``/``sdel``, with each share's connected members), the origin
 gives each message of a share to one edge, and a PUBLISH frame names the shares given to the
-peer it goes to (see :mod:`broker_edge.meshgroups`).
+peer it goes to (see :mod:`broker_edge.meshgroups`). A peer's shares are kept, and survive a
+restart, as its filters are (below).
 
 Retained messages are mesh-wide. Every edge keeps, per tenant namespace and topic, the newest
 retained message by *version* ``(origin ts, origin node, origin seq)`` (see

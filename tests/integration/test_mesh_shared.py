@@ -101,7 +101,7 @@ def _publish(publisher: Client, topic: str, tag: str, qos: int, count: int = N) 
     return payloads
 
 
-@pytest.mark.parametrize("qos", [0, 1])
+@pytest.mark.parametrize("qos", [0, 1, 2])
 def test_each_message_reaches_one_member_across_edges_spread_evenly(
     edges: list[EdgeProcess], make_client: Any, qos: int
 ) -> None:
