@@ -178,6 +178,26 @@ def test_a_group_stays_in_its_tenant(edges: list[EdgeProcess], make_client: Any)
     assert got == {"acme": acme_payloads, "globex": globex_payloads}
 
 
+def test_a_group_whose_members_are_all_on_an_edge_that_is_down_waits_for_it(
+    edges: list[EdgeProcess], make_client: Any
+) -> None:
+    """No edge can deliver now: the message goes to an edge that holds the group (here the
+    only one), kept for it by the origin until its link is back (QoS 1), then queued for the
+    offline member there."""
+    a, b, _ = edges
+    share = "$share/away/away/#"
+    member = _member(make_client, b, share, client_id="away-b", clean_session=False)
+    pub = make_client(port=a.mqtt_port, username=ACME)
+    _told(make_client, pub, [b], ACME)
+    _gone(member)
+    b.stop()
+    payloads = _publish(pub, "away/x", "away", 1, 10)  # acknowledged by A, kept for B
+    b.start()
+    wait_inbound_up(a, b.node)
+    back = _member(make_client, b, share, client_id="away-b", clean_session=False)
+    assert _collect({"b": back}, 10) == {"b": payloads}
+
+
 def test_a_member_edge_killed_mid_qos1_stream_loses_no_acknowledged_message(
     tmp_path: Path, make_client: Any
 ) -> None:
