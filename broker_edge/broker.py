@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -43,6 +43,7 @@ from broker_edge.durability import JournalStatus
 from broker_edge.errors import ProtocolError
 from broker_edge.handlers import HANDLERS
 from broker_edge.logtext import printable, truncated
+from broker_edge.meshgroups import Share
 from broker_edge.message import Message
 from broker_edge.outbox import Outbox
 from broker_edge.packets import (
@@ -141,8 +142,10 @@ class Journal(Protocol):
 class MeshPort(Protocol):
     """What the broker needs of the edge mesh (broker_edge.meshlink.Mesh)."""
 
-    def forward(self, message: Message) -> None:
-        """A publish accepted here: to the peers that want it."""
+    def forward(self, message: Message) -> Container[Share] | None:
+        """A publish accepted here: to the peers that want it, and to the peers its shared
+        groups' messages are given to; returns the shares that get it here (None: every
+        one)."""
         ...
 
     def sys_values(self) -> tuple[tuple[str, str], ...]:
@@ -722,15 +725,16 @@ class Broker:
         message = Message(
             tenant, topic, packet.payload, qos, retain, client_id, ts_us, props, seq, self.node_id
         )
+        shares = None
         if self.mesh is not None:
             # First: what this publish sets off (a log event of a queue overflowing, a quota
             # decision's) is journaled after it, and peers must get it in seq order too.
-            self.mesh.forward(message)
+            shares = self.mesh.forward(message)
         if tenant == OPERATOR_TENANT:
             self.take(message)
-            deliveries = self.router.route(message, publisher, retain=False)
+            deliveries = self.router.route(message, publisher, retain=False, shares=shares)
         else:
-            deliveries = self.router.route(message, publisher)
+            deliveries = self.router.route(message, publisher, shares=shares)
         if deliveries is not None:
             self.outbox.deliver(deliveries)
         return seq
@@ -748,15 +752,16 @@ class Broker:
             )
         return True
 
-    def deliver_remote(self, message: Message) -> bool:
+    def deliver_remote(self, message: Message, shares: Container[Share] = ()) -> bool:
         """A publish a peer accepted (broker_edge.mesh): retained here if it is the newest of
         its topic and applied here if it is the operator's (as if published here), then to
-        this node's sessions, counted in their deliveries; not journaled (its origin did),
-        never forwarded again. True when a persistent session took it at QoS 1/2 (only a
-        snapshot makes that survive a crash)."""
+        this node's sessions, counted in their deliveries (to one member of each of
+        ``shares``, the shared groups its origin gave it to here, and of no other group); not
+        journaled (its origin did), never forwarded again. True when a persistent session
+        took it at QoS 1/2 (only a snapshot makes that survive a crash)."""
         if self.take(message) and message.retain:
             self.state_changed = True  # not in this node's journal: snapshot it soon
-        deliveries = self.router.route(message, None, retain=False)
+        deliveries = self.router.route(message, None, retain=False, shares=shares)
         if deliveries is None:
             return False
         self.outbox.deliver(deliveries)

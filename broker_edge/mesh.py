@@ -42,6 +42,12 @@ own segments); ``$SYS``, ``$quota`` (each edge makes its own from the decision i
 every other ``$`` topic are each node's own. A peer's frame on a topic that does not cross to
 the receiver is a protocol error.
 
+Shared subscriptions (``$share/{group}/{filter}``) are not filters here: an edge tells its
+*shares* apart (INTEREST's ``sset``/``sdel``, with each share's connected members), the origin
+gives each message of a share to one edge, and a PUBLISH frame names the shares given to the
+peer it goes to (see :mod:`broker_edge.meshgroups`). A peer's shares are kept, and survive a
+restart, as its filters are (below).
+
 Retained messages are mesh-wide. Every edge keeps, per tenant namespace and topic, the newest
 retained message by *version* ``(origin ts, origin node, origin seq)`` (see
 :mod:`broker_edge.retained`; a clear is kept as a tombstone with its version, so a set older
@@ -105,6 +111,7 @@ Each end's promise is only as durable as its journal and snapshot (``edge.journa
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -115,6 +122,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from broker_edge.errors import EdgeError
+from broker_edge.meshgroups import PeerShares, Share
 from broker_edge.message import Message
 from broker_edge.packets import NO_PROPERTIES, Properties, QoS
 from broker_edge.tenants import OPERATOR_TENANT
@@ -128,8 +136,10 @@ from schemas.topics import (
 
 MAGIC = b"\x00EBMESH1"
 # 2: QoS 1/2 seqs are durable at the origin (Dedup outlives a run); 3: retained messages and
-# the operator's decisions cross (PUBLISH keeps its retain flag; RETAINED)
-VERSION = 3
+# the operator's decisions cross (PUBLISH keeps its retain flag; RETAINED); 4: shared
+# subscriptions are mesh-wide (INTEREST tells shares, PUBLISH names the shares given to the peer:
+# see broker_edge.meshgroups)
+VERSION = 4
 
 HELLO = 1
 WELCOME = 2
@@ -364,21 +374,68 @@ def refusal(hello: Hello, expected: str | None, own_node: str) -> str | None:
     return None
 
 
-def interest_frame(tenant: str, add: Iterable[str], remove: Iterable[str]) -> bytes:
-    return frame(INTEREST, _json({"t": tenant, "add": list(add), "del": list(remove)}))
+@dataclass(frozen=True, slots=True)
+class InterestChange:
+    """One INTEREST frame: a tenant's filters added and removed, and its shares (see
+    :mod:`broker_edge.meshgroups`) set, with their connected members, and dropped."""
+
+    tenant: str
+    add: list[str]
+    remove: list[str]
+    shares: list[tuple[str, str, int]] = dataclasses.field(default_factory=list)
+    unshared: list[Share] = dataclasses.field(default_factory=list)
 
 
-def parse_interest(body: bytes) -> tuple[str, list[str], list[str]]:
+def interest_frame(
+    tenant: str,
+    add: Iterable[str],
+    remove: Iterable[str],
+    shares: Iterable[tuple[str, str, int]] = (),
+    unshared: Iterable[Share] = (),
+) -> bytes:
+    doc: dict[str, object] = {"t": tenant, "add": list(add), "del": list(remove)}
+    sset = [list(share) for share in shares]
+    sdel = [list(share) for share in unshared]
+    if sset:
+        doc["sset"] = sset
+    if sdel:
+        doc["sdel"] = sdel
+    return frame(INTEREST, _json(doc))
+
+
+def parse_interest(body: bytes) -> InterestChange:
     doc = _doc(body, "INTEREST")
     tenant, add, remove = doc.get("t"), doc.get("add"), doc.get("del")
+    shares, unshared = doc.get("sset", []), doc.get("sdel", [])
     if (
         not isinstance(tenant, str)
         or not isinstance(add, list)
         or not isinstance(remove, list)
         or not all(isinstance(f, str) for f in (*add, *remove))
+        or not isinstance(shares, list)
+        or not isinstance(unshared, list)
+        or not all(_is_share(share, 3) for share in shares)
+        or not all(_is_share(share, 2) for share in unshared)
     ):
-        raise MeshProtocolError("INTEREST: expected t, add, del")
-    return tenant, add, remove
+        raise MeshProtocolError("INTEREST: expected t, add, del (and sset, sdel)")
+    return InterestChange(
+        tenant,
+        add,
+        remove,
+        [(g, f, n) for g, f, n in shares],
+        [(g, f) for g, f in unshared],
+    )
+
+
+def _is_share(item: object, size: int) -> bool:
+    """[group, filter] (size 2) or [group, filter, connected members] (size 3)."""
+    return (
+        isinstance(item, list)
+        and len(item) == size
+        and isinstance(item[0], str)
+        and isinstance(item[1], str)
+        and (size == 2 or (type(item[2]) is int and item[2] >= 0))
+    )
 
 
 def ack_frame(seqs: list[int]) -> bytes:
@@ -397,8 +454,9 @@ def _put_str(parts: list[bytes], text: str) -> None:
     parts.append(data)
 
 
-def publish_frame(message: Message, qos: QoS | None = None) -> bytes:
-    """One crossing message (its origin is the link's other end), at ``qos`` if given."""
+def publish_frame(message: Message, qos: QoS | None = None, shares: Iterable[Share] = ()) -> bytes:
+    """One crossing message (its origin is the link's other end), at ``qos`` if given;
+    ``shares``: the shared subscriptions of the peer it is given to (broker_edge.meshgroups)."""
     props = message.properties
     qos = message.qos if qos is None else qos
     parts = [_PUBLISH.pack(message.seq, message.ts_us, int(qos), message.retain)]
@@ -407,11 +465,19 @@ def publish_frame(message: Message, qos: QoS | None = None) -> bytes:
     _put_str(parts, message.topic)
     _put_str(parts, props.content_type if props.content_type is not None else "")
     expiry = props.message_expiry_interval
+    given = tuple(shares)
     # Flags: a content type (bit 0), a message expiry interval (bit 1: its u32 follows), which
-    # the receiver counts from the origin's time like the origin [MQTT-3.3.2-5].
-    parts.append(bytes(((props.content_type is not None) | (expiry is not None) << 1,)))
+    # the receiver counts from the origin's time like the origin [MQTT-3.3.2-5]; shares
+    # (bit 2: their count, u16, then each group and filter follow).
+    flags = (props.content_type is not None) | (expiry is not None) << 1 | bool(given) << 2
+    parts.append(bytes((flags,)))
     if expiry is not None:
         parts.append(_U32.pack(expiry))
+    if given:
+        parts.append(_U16.pack(len(given)))
+        for group, topic_filter in given:
+            _put_str(parts, group)
+            _put_str(parts, topic_filter)
     parts.append(_U16.pack(len(props.user_properties)))
     for key, value in props.user_properties:
         _put_str(parts, key)
@@ -437,15 +503,15 @@ def parse_retained(body: bytes) -> Message:
         raise MeshProtocolError(f"RETAINED: malformed ({exc})") from exc
     if not origin or "/" in origin or len(body) < 2 + n:
         raise MeshProtocolError("RETAINED: bad origin")
-    message = parse_publish(body[2 + n :], origin)
-    if not message.retain:
-        raise MeshProtocolError("RETAINED: not a retained message")
+    message, shares = parse_publish(body[2 + n :], origin)
+    if not message.retain or shares:
+        raise MeshProtocolError("RETAINED: not a retained message (or given to shares)")
     return message
 
 
-def parse_publish(body: bytes, origin: str) -> Message:
+def parse_publish(body: bytes, origin: str) -> tuple[Message, tuple[Share, ...]]:
     """A PUBLISH frame from ``origin`` back into a message, not journaled here (seq: the
-    origin's)."""
+    origin's), and the shares it is given to here."""
     try:
         seq, ts_us, qos, retain = _PUBLISH.unpack_from(body, 0)
         pos = _PUBLISH.size
@@ -455,13 +521,21 @@ def parse_publish(body: bytes, origin: str) -> Message:
             strings.append(body[pos + 2 : pos + 2 + n].decode())
             pos += 2 + n
         flags = body[pos]
-        if flags > 3:
+        if flags > 7:
             raise MeshProtocolError(f"PUBLISH: unknown flags {flags:#x}")
         pos += 1
         expiry = None
         if flags & 2:
             (expiry,) = _U32.unpack_from(body, pos)
             pos += 4
+        named: list[str] = []
+        if flags & 4:
+            (count,) = _U16.unpack_from(body, pos)
+            pos += 2
+            for _ in range(count * 2):
+                (n,) = _U16.unpack_from(body, pos)
+                named.append(body[pos + 2 : pos + 2 + n].decode())
+                pos += 2 + n
         (count,) = _U16.unpack_from(body, pos)
         pos += 2
         pairs: list[str] = []
@@ -476,30 +550,39 @@ def parse_publish(body: bytes, origin: str) -> Message:
         raise MeshProtocolError(f"PUBLISH: malformed ({exc})") from exc
     if not topic or not tenant:
         raise MeshProtocolError("PUBLISH: empty topic or tenant")
+    shares = tuple(zip(named[::2], named[1::2], strict=True))
+    if flags & 4 and not shares:
+        raise MeshProtocolError("PUBLISH: an empty list of shares")
     props = NO_PROPERTIES
     user = tuple(zip(pairs[::2], pairs[1::2], strict=True))
-    if flags or user:
+    if flags & 3 or user:
         props = Properties(
             content_type=content_type if flags & 1 else None,
             message_expiry_interval=expiry,
             user_properties=user,
         )
-    return Message(
+    message = Message(
         tenant, topic, payload, qos_value, bool(retain), client_id, ts_us, props, seq, origin
     )
+    return message, shares
 
 
 # -- routing state -----------------------------------------------------------------------------
 
 
 class Interest:
-    """The filters this node's sessions hold, per tenant, counted (a filter once per node):
-    the router reports every trie entry added or removed; changes wait in ``changes`` until the
-    mesh sends them, and ``on_change`` is told there are some."""
+    """The filters this node's sessions hold, per tenant, counted (a filter once per node),
+    and the shares they are members of (broker_edge.meshgroups) with their connected members:
+    the router reports every trie entry added or removed and every change of a share; changes
+    wait in ``changes`` and ``share_changes`` until the mesh sends them, and ``on_change`` is
+    told there are some."""
 
     def __init__(self) -> None:
         self.counts: dict[tuple[str, str], int] = {}
         self.changes: dict[tuple[str, str], bool] = {}  # (tenant, filter) -> wanted now
+        # (tenant, group, filter) -> connected members (None: not a share here any more)
+        self.shares: dict[tuple[str, str, str], int] = {}
+        self.share_changes: dict[tuple[str, str, str], int | None] = {}
         self.on_change: Callable[[], None] = _nothing
 
     def add(self, tenant: str, topic_filter: str) -> None:
@@ -519,6 +602,19 @@ class Interest:
         else:
             self.counts[key] = count - 1
 
+    def share(self, tenant: str, group: str, topic_filter: str, online: int | None) -> None:
+        """``$share/{group}/{topic_filter}`` of ``tenant`` has ``online`` connected members
+        here now (None: no member at all any more)."""
+        key = (tenant, group, topic_filter)
+        if self.shares.get(key) == online:
+            return
+        if online is None:
+            del self.shares[key]
+        else:
+            self.shares[key] = online
+        self.share_changes[key] = online
+        self.on_change()
+
     def _changed(self, key: tuple[str, str], wanted: bool) -> None:
         if self.changes.get(key, not wanted) is wanted:
             return
@@ -529,25 +625,44 @@ class Interest:
         self.on_change()
 
     def snapshot(self) -> list[bytes]:
-        """INTEREST frames of every filter held now (for a new link)."""
-        return _frames(dict.fromkeys(self.counts, True))
+        """INTEREST frames of every filter and share held now (for a new link)."""
+        return _frames(dict.fromkeys(self.counts, True), dict(self.shares))
 
     def take_changes(self) -> list[bytes]:
         """INTEREST frames of the changes since the last call."""
         changes, self.changes = self.changes, {}
-        return _frames(changes)
+        share_changes, self.share_changes = self.share_changes, {}
+        return _frames(changes, share_changes)
 
 
-def _frames(changes: dict[tuple[str, str], bool]) -> list[bytes]:
-    by_tenant: dict[str, tuple[list[str], list[str]]] = {}
+def _frames(
+    changes: dict[tuple[str, str], bool], shares: dict[tuple[str, str, str], int | None]
+) -> list[bytes]:
+    by_tenant: dict[str, InterestChange] = {}
+
+    def of(tenant: str) -> InterestChange:
+        change = by_tenant.get(tenant)
+        if change is None:
+            change = by_tenant[tenant] = InterestChange(tenant, [], [])
+        return change
+
     for (tenant, topic_filter), wanted in changes.items():
-        add, remove = by_tenant.setdefault(tenant, ([], []))
-        (add if wanted else remove).append(topic_filter)
-    return [interest_frame(tenant, add, remove) for tenant, (add, remove) in by_tenant.items()]
+        change = of(tenant)
+        (change.add if wanted else change.remove).append(topic_filter)
+    for (tenant, group, topic_filter), online in shares.items():
+        change = of(tenant)
+        if online is None:
+            change.unshared.append((group, topic_filter))
+        else:
+            change.shares.append((group, topic_filter, online))
+    return [
+        interest_frame(c.tenant, c.add, c.remove, c.shares, c.unshared) for c in by_tenant.values()
+    ]
 
 
 class PeerRoutes:
-    """What one peer's sessions subscribe to, per tenant (told by the peer).
+    """What one peer's sessions subscribe to, per tenant (told by the peer): filters, and
+    shares (broker_edge.meshgroups).
 
     A new link's whole set (:meth:`begin` ... :meth:`end`) is gathered beside the filters held
     before, which keep matching until it replaces them."""
@@ -555,6 +670,7 @@ class PeerRoutes:
     def __init__(self) -> None:
         self.tenants: dict[str, TopicTrie[int, None]] = {}
         self._filters: dict[str, set[str]] = {}  # the same, as filters (to read)
+        self.shares = PeerShares()
         self.incoming: PeerRoutes | None = None  # the set being told, while it is
 
     def begin(self) -> None:
@@ -567,6 +683,7 @@ class PeerRoutes:
         if incoming is None:
             raise MeshProtocolError("SYNCED without a link's set of filters before it")
         self.tenants, self._filters, self.incoming = incoming.tenants, incoming._filters, None
+        self.shares = incoming.shares
 
     def filters(self) -> dict[str, list[str]]:
         """The peer's filters per tenant, sorted."""
@@ -599,6 +716,37 @@ class PeerRoutes:
         if trie is not None and trie.match(topic):
             return True
         return self.incoming is not None and self.incoming.wants(tenant, topic)
+
+    def apply_shares(
+        self, tenant: str, shares: Iterable[tuple[str, str, int]], unshared: Iterable[Share]
+    ) -> None:
+        """Shares set (with their connected members) and dropped; raises MeshProtocolError
+        for a share that is not one."""
+        if self.incoming is not None:
+            self.incoming.apply_shares(tenant, shares, unshared)
+            return
+        held = self.shares
+        try:
+            for group, topic_filter in unshared:
+                held.drop(tenant, group, topic_filter)
+            for group, topic_filter, online in shares:
+                held.set(tenant, group, topic_filter, online)
+        except (InvalidTopic, ValueError) as exc:
+            raise MeshProtocolError(f"INTEREST: bad share ({exc})") from exc
+
+    def has_shares(self, tenant: str) -> bool:
+        incoming = self.incoming
+        return self.shares.has(tenant) or (incoming is not None and incoming.has_shares(tenant))
+
+    def shared(self, tenant: str, topic: str) -> list[tuple[Share, int]]:
+        """The peer's shares matching ``topic``, with their connected members there (a new
+        link's set, while it is told, beside what it had)."""
+        found = self.shares.matching(tenant, topic)
+        if self.incoming is not None:
+            newer = self.incoming.shared(tenant, topic)
+            if newer:
+                return list({**dict(found), **dict(newer)}.items())
+        return found
 
 
 class Unacked:
@@ -705,19 +853,23 @@ class MeshStateError(EdgeError):
 @dataclass(frozen=True, slots=True)
 class PeerState:
     """What an origin keeps of one peer across its restarts: every QoS 1/2 message at or below
-    ``acked`` the peer was due is acknowledged; ``filters``: per tenant, what it wanted."""
+    ``acked`` the peer was due is acknowledged; ``filters``: per tenant, what it wanted;
+    ``shares``: per tenant, its shares as ``[group, filter, connected members]``."""
 
     acked: int
     filters: dict[str, list[str]]
+    shares: dict[str, list[list[str | int]]] = dataclasses.field(default_factory=dict)
 
     def routes(self) -> PeerRoutes:
         """The filters as the routes of the peer (MeshStateError for a bad one)."""
         routes = PeerRoutes()
-        for tenant, filters in self.filters.items():
-            try:
+        try:
+            for tenant, filters in self.filters.items():
                 routes.apply(tenant, filters, ())
-            except MeshProtocolError as exc:
-                raise MeshStateError(str(exc)) from exc
+            for tenant, shares in self.shares.items():
+                routes.apply_shares(tenant, [(str(g), str(f), int(n)) for g, f, n in shares], ())
+        except MeshProtocolError as exc:
+            raise MeshStateError(str(exc)) from exc
         return routes
 
 
@@ -731,7 +883,7 @@ class MeshState:
 
     def doc(self) -> dict[str, object]:
         peers = {
-            node: {"acked": peer.acked, "filters": peer.filters}
+            node: {"acked": peer.acked, "filters": peer.filters, "shares": peer.shares}
             for node, peer in sorted(self.peers.items())
         }
         return {"peers": peers, "delivered": dict(sorted(self.delivered.items()))}
@@ -770,7 +922,17 @@ def _peer_state(node: object, doc: object) -> PeerState:
         )
     ):
         raise MeshStateError(f"mesh: peer {node!r}: expected acked (a seq) and filters")
-    return PeerState(acked, {str(tenant): list(held) for tenant, held in filters.items()})
+    shares = doc.get("shares", {})  # a snapshot of link protocol 3 has none
+    if not isinstance(shares, dict) or not all(
+        isinstance(held, list) and all(_is_share(share, 3) for share in held)
+        for held in shares.values()
+    ):
+        raise MeshStateError(f"mesh: peer {node!r}: shares must be [group, filter, n] lists")
+    return PeerState(
+        acked,
+        {str(tenant): list(held) for tenant, held in filters.items()},
+        {str(tenant): list(held) for tenant, held in shares.items()},
+    )
 
 
 def _seqs(doc: dict[object, object]) -> dict[str, int]:
@@ -803,6 +965,7 @@ __all__ = [
     "Dedup",
     "FrameBuffer",
     "Interest",
+    "InterestChange",
     "MeshProtocolError",
     "MeshState",
     "MeshStateError",

@@ -24,7 +24,7 @@ import logging
 import random
 import typing
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import Any
 
 from broker_edge import mesh
@@ -40,6 +40,7 @@ from broker_edge.mesh import (
     PeerState,
     Unacked,
 )
+from broker_edge.meshgroups import Share, ShareChoice
 from broker_edge.message import Message
 from broker_edge.packets import QoS
 from broker_edge.settings import EdgeSettings
@@ -211,6 +212,10 @@ class Mesh:
         self.congested = 0  # QoS 0 publishes not sent to a peer whose link was backed up
         self.retained_sent = 0  # retained messages and tombstones sent to links that came up
         self.retained_taken = 0  # ... received from peers' links that came up
+        # Shared groups across the mesh (broker_edge.meshgroups): which edge gets a message.
+        self.choice = ShareChoice()
+        self.shares_given = 0  # a publish's shared group given to a peer's members
+        self.shares_dropped = 0  # ... given here, by a peer, to a group this node no longer has
         self.on_state: Callable[[], None] = _nothing  # a peer's state changed ($SYS now)
         self.dirty: set[Link] = set()
         self._flush_soon = False
@@ -296,9 +301,9 @@ class Mesh:
             pass  # heard: that is all
         elif kind == mesh.PUBLISH and link.up:
             assert link.node is not None
-            message = mesh.parse_publish(body, link.node)
+            message, shares = mesh.parse_publish(body, link.node)
             self._check_reach(message, live=True)
-            self._received(link, link.node, message)
+            self._received(link, link.node, message, shares)
         elif kind == mesh.RETAINED and link.up:
             message = mesh.parse_retained(body)
             self._check_reach(message, live=False)
@@ -342,21 +347,29 @@ class Mesh:
             kind = "PUBLISH" if live else "RETAINED"
             raise MeshProtocolError(f"{kind} on {topic!r}, which does not cross to this node")
 
-    def _received(self, link: Link, origin: str, message: Message) -> None:
-        """A peer's publish: to this node's sessions unless delivered already; a QoS 1/2 one
-        acknowledged now, or once a snapshot holds it if a persistent session took it."""
+    def _received(
+        self, link: Link, origin: str, message: Message, shares: tuple[Share, ...]
+    ) -> None:
+        """A peer's publish: to this node's sessions unless delivered already (and to one
+        member of each of ``shares``); a QoS 1/2 one acknowledged now, or once a snapshot holds
+        it if a persistent session took it."""
         if not message.qos:
-            self.received += 1
-            self.broker.deliver_remote(message)
+            self._deliver(message, shares)
             return
         kept = True  # a duplicate: what took it may not be in a durable snapshot yet
         if self.dedup.fresh(origin, message.seq):
-            self.received += 1
-            kept = self.broker.deliver_remote(message)
+            kept = self._deliver(message, shares)
         if kept:
             self.gate.hold(origin, message.seq)
         else:
             link.acks.append(message.seq)
+
+    def _deliver(self, message: Message, shares: tuple[Share, ...]) -> bool:
+        self.received += 1
+        if shares:
+            held = self.broker.namespace(message.tenant).shared
+            self.shares_dropped += sum(share not in held for share in shares)
+        return self.broker.deliver_remote(message, shares)
 
     def _answer(self, link: Link, node: str, nonce: str, proof: str) -> None:
         """The dialed edge's CHALLENGE: check its proof, then prove ours (AUTH)."""
@@ -384,8 +397,10 @@ class Mesh:
             else:
                 raise MeshProtocolError(f"frame kind {kind} before the link was admitted")
         elif kind == mesh.INTEREST:
-            tenant, add, remove = mesh.parse_interest(body)
-            self.routes[node].apply(tenant, add, remove)
+            change = mesh.parse_interest(body)
+            routes = self.routes[node]
+            routes.apply(change.tenant, change.add, change.remove)
+            routes.apply_shares(change.tenant, change.shares, change.unshared)
             self.filters_changed = True
         elif kind == mesh.SYNCED:
             self.routes[node].end()
@@ -459,36 +474,64 @@ class Mesh:
 
     # -- what the broker calls -----------------------------------------------------------------
 
-    def forward(self, message: Message) -> None:
+    def forward(self, message: Message) -> Container[Share] | None:
         """A publish accepted on this node: once to each peer that wants it, or to every peer
         (retained, the operator's decisions), or to the node a journal notice names (QoS 1/2
-        once its journal record is durable, see the theory of operation in broker_edge.mesh)."""
+        once its journal record is durable, see the theory of operation in broker_edge.mesh);
+        each of its shared groups to one edge's members (broker_edge.meshgroups). Returns the
+        shares that get it on this node (None: every one)."""
         topic = message.topic
         tenant = message.tenant
         where = mesh.FILTERS if topic[0] != "$" else mesh.reach(tenant, topic)
         if where == mesh.LOCAL:
-            return
+            return None
         if where not in (mesh.FILTERS, mesh.EVERY):
             self._notice(message, where)
-            return
+            return None
         every = where == mesh.EVERY or message.retain
+        kept, given = self._split(message)
         if message.qos:
-            nodes = [n for n, r in self.routes.items() if every or r.wants(tenant, topic)]
+            nodes = [
+                n for n, r in self.routes.items() if every or n in given or r.wants(tenant, topic)
+            ]
             if nodes:
-                self._when_durable(message, nodes)
-            return
-        data = None
+                self._when_durable(message, nodes, given)
+            return kept
+        plain = None
         for node, routes in self.routes.items():
             link = self.inbound.get(node)
-            if link is None or not (every or routes.wants(tenant, topic)):
+            shares = given.get(node)
+            if link is None or not (every or shares or routes.wants(tenant, topic)):
                 continue
             if link.congested() and not every:  # what every peer keeps is never dropped
                 self.congested += 1
                 continue
-            if data is None:
-                data = mesh.publish_frame(message)
+            if shares:
+                data = mesh.publish_frame(message, shares=shares)
+            elif plain is None:
+                data = plain = mesh.publish_frame(message)
+            else:
+                data = plain
             link.send(data)
             self.forwarded += 1
+        return kept
+
+    def _split(self, message: Message) -> tuple[Container[Share] | None, dict[str, list[Share]]]:
+        """Which of a publish's shares get it here (None: every one), which each peer gets."""
+        tenant = message.tenant
+        topic = message.topic
+        peers = {}
+        for node, routes in self.routes.items():
+            if routes.has_shares(tenant):
+                found = routes.shared(tenant, topic)
+                if found:
+                    peers[node] = found
+        if not peers:
+            return None, {}
+        local = self.broker.router.shares(tenant, topic)
+        kept, given = self.choice.split(tenant, self.node_id, local, peers, self.inbound)
+        self.shares_given += sum(len(shares) for shares in given.values())
+        return kept, given
 
     def _notice(self, message: Message, node: str) -> None:
         """A journal notice (not journaled, so no seq to resend it by): to ``node`` now if its
@@ -499,21 +542,24 @@ class Mesh:
         link.send(mesh.publish_frame(message, QoS.AT_MOST_ONCE))
         self.forwarded += 1
 
-    def _when_durable(self, message: Message, nodes: list[str]) -> None:
+    def _when_durable(
+        self, message: Message, nodes: list[str], given: dict[str, list[Share]]
+    ) -> None:
         seq = message.seq
-        data = mesh.publish_frame(message)
+        frames = _frames(message, nodes, given)
         self.pending.append(seq)
         # Refused: the journal dropped it and gives its seq out again (never sent, then).
         self.broker.journal.after_durable(
-            seq, lambda: self._durable(seq, data, nodes), self.pending.clear
+            seq, lambda: self._durable(seq, frames), self.pending.clear
         )
 
-    def _durable(self, seq: int, data: bytes, nodes: list[str]) -> None:
-        """A QoS 1/2 publish for ``nodes`` is durable: kept for them, sent to those linked."""
+    def _durable(self, seq: int, frames: dict[str, bytes]) -> None:
+        """A QoS 1/2 publish for the peers of ``frames`` is durable: kept for them, sent to
+        those linked."""
         pending = self.pending
         if pending and pending[0] == seq:
             pending.popleft()
-        for node in nodes:
+        for node, data in frames.items():
             self.unacked[node].add(seq, data)
             link = self.inbound.get(node)
             if link is not None:
@@ -538,7 +584,7 @@ class Mesh:
         self.filters_changed = False
         upto = snapshot_seq if not self.pending else min(snapshot_seq, self.pending[0] - 1)
         peers = {
-            node: PeerState(self.unacked[node].acked(upto), routes.filters())
+            node: PeerState(self.unacked[node].acked(upto), routes.filters(), routes.shares.state())
             for node, routes in self.routes.items()
         }
         return MeshState(peers, dict(self.dedup.last))
@@ -554,19 +600,30 @@ class Mesh:
 
     def replay(self, message: Message) -> None:
         """A journal record at restore: kept for each peer that wants it and had not
-        acknowledged it (sent when the peer links)."""
+        acknowledged it (sent when the peer links). Which edge's members its shared groups went
+        to is not journaled: it names every share of the peer it matches (at least once, see
+        broker_edge.meshgroups)."""
         topic = message.topic
-        where = mesh.FILTERS if topic[0] != "$" else mesh.reach(message.tenant, topic)
+        tenant = message.tenant
+        where = mesh.FILTERS if topic[0] != "$" else mesh.reach(tenant, topic)
         if not message.qos or where not in (mesh.FILTERS, mesh.EVERY):
             return
         every = where == mesh.EVERY or message.retain
-        data = None
+        nodes = []
+        given: dict[str, list[Share]] = {}
         for node, after in self._replay_after.items():
-            if message.seq > after and (every or self.routes[node].wants(message.tenant, topic)):
-                if data is None:
-                    data = mesh.publish_frame(message)
-                self.unacked[node].add(message.seq, data)
-                self.replayed += 1
+            if message.seq <= after:
+                continue
+            routes = self.routes[node]
+            if routes.has_shares(tenant):
+                shares = [share for share, _ in routes.shared(tenant, topic)]
+                if shares:
+                    given[node] = shares
+            if every or node in given or routes.wants(tenant, topic):
+                nodes.append(node)
+        for node, data in _frames(message, nodes, given).items():
+            self.unacked[node].add(message.seq, data)
+            self.replayed += 1
 
     def replayed_all(self) -> None:
         """The journal was replayed to its end."""
@@ -587,6 +644,8 @@ class Mesh:
             ("publish/unacked_dropped", str(sum(u.dropped for u in self.unacked.values()))),
             ("retained/sent", str(self.retained_sent)),
             ("retained/received", str(self.retained_taken)),
+            ("shared/given", str(self.shares_given)),
+            ("shared/dropped", str(self.shares_dropped)),
         ]
         return tuple(values)
 
@@ -618,6 +677,21 @@ class Mesh:
         details = {"peer": node, "address": address, "direction": direction, **more}
         self.broker.log(OPERATOR_TENANT, event, "", details, origin="mesh")
         self.broker.flush_dirty()
+
+
+def _frames(message: Message, nodes: list[str], given: dict[str, list[Share]]) -> dict[str, bytes]:
+    """The PUBLISH frame of ``message`` for each of ``nodes``: one for those given none of its
+    shares, its own for each that is given some."""
+    plain = b""
+    frames = {}
+    for node in nodes:
+        shares = given.get(node)
+        if shares:
+            frames[node] = mesh.publish_frame(message, shares=shares)
+        else:
+            plain = plain or mesh.publish_frame(message)
+            frames[node] = plain
+    return frames
 
 
 def _nothing() -> None:

@@ -17,7 +17,7 @@ each message to one member [MQTT-4.8.2].
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -26,12 +26,13 @@ from broker_edge.packets import QoS, RetainHandling, Subscription
 from broker_edge.retained import RetainedStore
 from broker_edge.session import Session
 from broker_edge.states import FLOW_STEPS, FlowEvent
-from broker_edge.topics import parse_subscription_filter
+from broker_edge.topics import SHARE_PREFIX, parse_subscription_filter
 from broker_edge.trie import TopicTrie
 
 if TYPE_CHECKING:
     from broker_edge.connection import Connection
     from broker_edge.mesh import Interest
+    from broker_edge.meshgroups import Share
 
 # One delivery: (session, message, qos, retain, subscription identifiers).
 Delivery = tuple[Session, Message, QoS, bool, tuple[int, ...]]
@@ -46,6 +47,8 @@ class SharedGroup:
 
     members: dict[str, Subscription] = field(default_factory=dict)
     cursor: int = 0
+    share: tuple[str, str] = ("", "")  # (group, filter): which one it is (broker_edge.meshgroups)
+    online: int = 0  # members connected here (kept while the edge is in a mesh)
 
     def pick(self, sessions: dict[tuple[str, str], Session], tenant: str) -> str | None:
         ids = list(self.members)
@@ -138,6 +141,7 @@ class Router:
         self.set_expiry(session, expiry)
         session.connection = connection
         session.disconnected_at = None
+        self._shares_changed(session)
 
     def detach(self, session: Session, connection: Connection, now: float) -> bool:
         """``connection`` left ``session``; True when the session ends with it (expiry 0)."""
@@ -145,6 +149,7 @@ class Router:
             return False  # taken over already
         session.connection = None
         session.disconnected_at = now
+        self._shares_changed(session)
         return session.expiry_interval == 0
 
     @staticmethod
@@ -237,9 +242,11 @@ class Router:
     ) -> None:
         shared = ns.shared.get((group, topic_filter))
         if shared is None:
-            shared = ns.shared[(group, topic_filter)] = SharedGroup()
-            self._add_entry(tenant, ns, topic_filter, ("$share", group), shared)
+            shared = ns.shared[(group, topic_filter)] = SharedGroup(share=(group, topic_filter))
+            # Not a filter the peers are told: a share (broker_edge.meshgroups).
+            ns.subscriptions.add(topic_filter, ("$share", group), shared)
         shared.members[client_id] = sub
+        self._share_changed(tenant, shared)
 
     def _add_entry(
         self, tenant: str, ns: Namespace, topic_filter: str, key: TrieKey, value: TrieValue
@@ -275,16 +282,64 @@ class Router:
             shared.members.pop(client_id, None)
             if not shared.members:
                 del ns.shared[(group, topic_filter)]
-                self._remove_entry(tenant, ns, topic_filter, ("$share", group))
+                ns.subscriptions.remove(topic_filter, ("$share", group))
+            self._share_changed(tenant, shared)
+
+    # -- shares: what the mesh is told of this node's shared groups (broker_edge.meshgroups) --
+
+    def _online(self, tenant: str, shared: SharedGroup) -> int:
+        """How many of the group's members are connected here."""
+        sessions = self.sessions
+        count = 0
+        for client_id in shared.members:
+            session = sessions.get((tenant, client_id))
+            if session is not None and session.connection is not None:
+                count += 1
+        return count
+
+    def _share_changed(self, tenant: str, shared: SharedGroup) -> None:
+        interest = self.interest
+        if interest is not None:
+            shared.online = self._online(tenant, shared)
+            interest.share(tenant, *shared.share, shared.online if shared.members else None)
+
+    def _shares_changed(self, session: Session) -> None:
+        """``session`` connected or disconnected: its groups' connected members changed."""
+        if self.interest is None:
+            return
+        ns = self.namespace(session.tenant)
+        for full in session.subscriptions:
+            if full.startswith(SHARE_PREFIX):
+                group, topic_filter = parse_subscription_filter(full)
+                shared = ns.shared.get((group or "", topic_filter))
+                if shared is not None:
+                    self._share_changed(session.tenant, shared)
+
+    def shares(self, tenant: str, topic: str) -> dict[Share, int]:
+        """This node's shares matching ``topic``, with their connected members."""
+        ns = self.namespaces.get(tenant)
+        if ns is None or not ns.shared:
+            return {}
+        return {
+            value.share: value.online
+            for _, value in ns.subscriptions.match(topic)
+            if type(value) is SharedGroup
+        }
 
     # -- messages ------------------------------------------------------------------------------
 
     def route(
-        self, message: Message, publisher: str | None, *, retain: bool = True
+        self,
+        message: Message,
+        publisher: str | None,
+        *,
+        retain: bool = True,
+        shares: Container[Share] | None = None,
     ) -> list[Delivery] | None:
         """Retain ``message`` if it asks to be (and ``retain``: the caller did not already,
         :meth:`retain`), and say who gets it (None: nobody). ``publisher``: the client id that
-        published it (for No Local), None for the edge."""
+        published it (for No Local), None for the edge. ``shares``: the shared groups that get
+        it here (the mesh decided: broker_edge.meshgroups); None: every matching one."""
         tenant = message.tenant
         ns = self.namespaces.get(tenant)
         if ns is None:
@@ -309,6 +364,8 @@ class Router:
         ids: dict[str, list[int]] = {}
         for key, value in matches:
             if type(value) is SharedGroup:
+                if shares is not None and value.share not in shares:
+                    continue  # another edge's member has it
                 picked = value.pick(sessions, tenant)
                 if picked is None:
                     continue

@@ -49,7 +49,8 @@ def test_publish_frame_round_trips_whole_and_byte_by_byte() -> None:
     by_byte = [f for i in range(len(data)) for f in pieces.feed(data[i : i + 1])]
     assert whole == by_byte
     assert [kind for kind, _ in whole] == [mesh.PUBLISH, mesh.ACK]
-    got = mesh.parse_publish(whole[0][1], "edge-a")
+    got, shares = mesh.parse_publish(whole[0][1], "edge-a")
+    assert shares == ()
     assert (got.tenant, got.topic, got.payload, got.qos, got.client_id, got.ts_us, got.seq) == (
         "acme",
         "fleet/v1/telemetry",
@@ -78,7 +79,7 @@ def test_a_big_frame_right_after_the_welcome_is_read_once_the_bound_is_raised() 
     frames.max_frame = 1 << 20
     second = frames.pop()
     assert second is not None
-    assert mesh.parse_publish(second[1], "a").payload == b"x" * 10_000
+    assert mesh.parse_publish(second[1], "a")[0].payload == b"x" * 10_000
     assert frames.pop() is None  # half a PING so far
     assert frames.feed(mesh.PING_FRAME[3:]) == [(mesh.PING, b"")]
     with pytest.raises(MeshProtocolError):  # without raising it: too big
@@ -88,20 +89,20 @@ def test_a_big_frame_right_after_the_welcome_is_read_once_the_bound_is_raised() 
 def test_a_message_expiry_interval_crosses() -> None:
     props = Properties(content_type=None, message_expiry_interval=0x01020304)
     frames = FrameBuffer(1 << 20).feed(mesh.publish_frame(_message(properties=props)))
-    got = mesh.parse_publish(frames[0][1], "edge-a")
+    got, _ = mesh.parse_publish(frames[0][1], "edge-a")
     assert got.properties.message_expiry_interval == 0x01020304
     assert got.properties.content_type is None
     body = bytearray(frames[0][1])
     flags_at = body.index(b"fleet/v1/telemetry") + len("fleet/v1/telemetry") + 2  # empty type
     assert body[flags_at] == 2
-    body[flags_at] = 4  # a flag this version does not know
+    body[flags_at] = 8  # a flag this version does not know
     with pytest.raises(MeshProtocolError, match="flags"):
         mesh.parse_publish(bytes(body), "edge-a")
 
 
 def test_publish_without_properties() -> None:
     frames = FrameBuffer(1 << 20).feed(mesh.publish_frame(_message(properties=Properties())))
-    got = mesh.parse_publish(frames[0][1], "edge-a")
+    got, _ = mesh.parse_publish(frames[0][1], "edge-a")
     assert got.properties.content_type is None
     assert got.properties.user_properties == ()
 
@@ -174,22 +175,24 @@ def test_interest_counts_a_filter_once_per_node() -> None:
     interest.add("acme", "fleet/#")
     interest.add("globex", "fleet/#")
     [*frames] = interest.take_changes()
-    parsed = sorted(mesh.parse_interest(FrameBuffer(4096).feed(f)[0][1]) for f in frames)
+    parsed = sorted(_interest(f) for f in frames)
     assert parsed == [("acme", ["fleet/#"], []), ("globex", ["fleet/#"], [])]
     interest.remove("acme", "fleet/#")
     assert interest.take_changes() == []  # one subscriber left
     interest.remove("acme", "fleet/#")
     [removed] = interest.take_changes()
-    assert mesh.parse_interest(FrameBuffer(4096).feed(removed)[0][1]) == ("acme", [], ["fleet/#"])
+    assert _interest(removed) == ("acme", [], ["fleet/#"])
     interest.add("acme", "x")
     interest.remove("acme", "x")
     assert interest.take_changes() == []  # added and removed before it was sent
     [snapshot] = interest.snapshot()
-    assert mesh.parse_interest(FrameBuffer(4096).feed(snapshot)[0][1]) == (
-        "globex",
-        ["fleet/#"],
-        [],
-    )
+    assert _interest(snapshot) == ("globex", ["fleet/#"], [])
+
+
+def _interest(data: bytes) -> tuple[str, list[str], list[str]]:
+    """An INTEREST frame's tenant, filters added and filters removed."""
+    change = mesh.parse_interest(FrameBuffer(4096).feed(data)[0][1])
+    return change.tenant, change.add, change.remove
 
 
 def test_router_reports_trie_entries_to_interest() -> None:
@@ -202,7 +205,8 @@ def test_router_reports_trie_entries_to_interest() -> None:
     router.subscribe(a, [(None, "fleet/#", sub)], None, 0)
     router.subscribe(a, [(None, "fleet/#", sub)], None, 0)  # again: no new entry
     router.subscribe(b, [(None, "fleet/#", sub), ("g", "fleet/#", shared)], None, 0)
-    assert interest.counts == {("acme", "fleet/#"): 3}  # a, b, the group
+    assert interest.counts == {("acme", "fleet/#"): 2}  # a, b; the group is a share
+    assert interest.shares == {("acme", "g", "fleet/#"): 0}  # nobody connected
     router.unsubscribe(a, ["fleet/#"])
     router.drop_session(b)
     assert interest.counts == {}
