@@ -30,6 +30,7 @@ from typing import Any, Protocol
 from broker_edge import sessionlog
 from broker_edge.connection import (
     PAUSED_BY_BACKLOG,
+    PAUSED_BY_CLAIM,
     PAUSED_BY_JOURNAL,
     PAUSED_BY_RATE,
     PAUSED_BY_ROUTING,
@@ -42,6 +43,7 @@ from broker_edge.connection import (
 from broker_edge.durability import JournalStatus
 from broker_edge.errors import ProtocolError
 from broker_edge.handlers import HANDLERS
+from broker_edge.handover import MOVED, STALE, Claim, Version, verdict
 from broker_edge.logtext import printable, truncated
 from broker_edge.message import Message
 from broker_edge.outbox import Outbox
@@ -61,10 +63,10 @@ from broker_edge.router import (
     Router,
     SessionBounds,
 )
-from broker_edge.session import Session
+from broker_edge.session import NO_CLAIM, Pending, Session
 from broker_edge.sessionlog import SessionLog, SessionLogError
 from broker_edge.settings import EdgeSettings
-from broker_edge.store import subscription_doc, subscription_from
+from broker_edge.store import session_doc, session_from, subscription_doc, subscription_from
 from broker_edge.sysstats import Stats
 from broker_edge.tenancy import (
     EDGE_CLIENT_ID,
@@ -147,6 +149,12 @@ class MeshPort(Protocol):
 
     def sys_values(self) -> tuple[tuple[str, str], ...]:
         """``$SYS/broker/mesh/...`` values: (topic under mesh/, text)."""
+        ...
+
+    def claim(self, claim: Claim, done: Callable[[bool, bool], None]) -> bool:
+        """Tell the peers a CONNECT claims its client id; True when ``done(moved, stale)`` is
+        called once they answered (see broker_edge.handover), False when nobody is waited
+        for."""
         ...
 
 
@@ -273,6 +281,8 @@ class Broker:
                 if stats.messages_out > turn_ends or clock() > deadline:
                     more = True
                     break
+                if conn.paused_for & PAUSED_BY_CLAIM:
+                    break  # its CONNECT waits for the peers: nothing after it yet (connect)
         finally:
             decoder = conn.decoder
             stats.packets_in += decoder.decoded
@@ -384,8 +394,17 @@ class Broker:
         """Record the session as it is now: opened with its expiry, or dropped (expiry 0)."""
         if session.clean:
             self._log_session_change(session, "drop", conn)
-        else:
+        elif session.claim == NO_CLAIM:
             self._log_session_change(session, "open", conn, x=session.expiry_interval)
+        else:  # in a mesh: the CONNECT it is held by (broker_edge.handover)
+            self._log_session_change(
+                session,
+                "open",
+                conn,
+                x=session.expiry_interval,
+                v=list(session.claim),
+                s=list(session.since),
+            )
 
     def sync_sessions(self) -> None:
         """Make the logged session changes durable, then release the held connections."""
@@ -420,6 +439,9 @@ class Broker:
             session = router.new_session(key[0], key[1], False, now)
         if op == "open":
             router.set_expiry(session, int(record["x"]))
+            if "v" in record:
+                session.claim = (int(record["v"][0]), str(record["v"][1]))
+                session.since = (int(record["s"][0]), str(record["s"][1]))
         elif op == "sub":
             sub = subscription_from(record["sub"])
             session.subscriptions[sub.topic_filter] = sub
@@ -546,7 +568,55 @@ class Broker:
             tenant, EDGE_CLIENT_ID, Publish(topic=topic, payload=payload, retain=retain), None
         )
 
-    def open_session(self, conn: Connection, packet: Connect, now: float) -> tuple[Session, bool]:
+    def connect(
+        self, conn: Connection, packet: Connect, connack: tuple[str | None, int], now: float
+    ) -> None:
+        """Open the admitted CONNECT's session and send its CONNACK (``connack``: the client id
+        assigned, the keepalive to announce); in a mesh, once the peers answered its claim
+        (broker_edge.handover: reading stops meanwhile)."""
+        mesh = self.mesh
+        if mesh is None:
+            self._accept(conn, packet, connack, now, None)
+            return
+        key = (conn.tenant, conn.client_id)
+        version = (self.wall_clock_us(), self.node_id)
+        held = self.router.sessions.get(key)
+        since = version if packet.clean_start else held.since if held is not None else NO_CLAIM
+        claim = Claim(conn.tenant, conn.client_id, version, since, not packet.clean_start)
+
+        def answered(moved: bool, stale: bool) -> None:
+            self.resume(conn, PAUSED_BY_CLAIM)
+            if conn.state is _CLOSED or conn.closing:
+                return  # gone meanwhile: what moved here stays, offline
+            if stale:
+                # A CONNECT of this client id on another edge is newer: this one lost.
+                log.info("CONNECT of %s superseded on another edge", printable(conn.client_id))
+                self.close(conn, None)
+            else:
+                self._accept(conn, packet, connack, self.clock(), claim)
+            self.flush_dirty()
+
+        if mesh.claim(claim, answered):
+            self.pause(conn, PAUSED_BY_CLAIM)
+        else:
+            self._accept(conn, packet, connack, now, claim)
+
+    def _accept(
+        self,
+        conn: Connection,
+        packet: Connect,
+        connack: tuple[str | None, int],
+        now: float,
+        claim: Claim | None,
+    ) -> None:
+        session, present = self.open_session(conn, packet, now, claim)
+        v5 = conn.version == ProtocolVersion.MQTT_5
+        conn.accept(present, *connack, packet.properties if v5 else None)
+        self.outbox.resume_session(conn, session)
+
+    def open_session(
+        self, conn: Connection, packet: Connect, now: float, claim: Claim | None = None
+    ) -> tuple[Session, bool]:
         key = (conn.tenant, conn.client_id)
         router = self.router
         previous = self.connections.get(key)
@@ -578,6 +648,9 @@ class Broker:
         if conn.version == ProtocolVersion.MQTT_5:
             receive_maximum = packet.properties.receive_maximum or 65_535
         router.attach(session, conn, expiry, receive_maximum)
+        if claim is not None:
+            session.claim = claim.version
+            session.since = max(session.since, claim.since)
         if not session.clean or was_persistent:
             self.state_changed = True
             self.log_session(session, conn)  # its CONNACK waits until this is durable
@@ -882,6 +955,76 @@ class Broker:
                 if had:
                     self._log_session_change(session, "unsub", conn, f=topic_filter)
         return found
+
+    # -- sessions that move between edges (see broker_edge.handover) ------------------------------
+
+    def session_claimed(
+        self, claim: Claim, pending: Version | None
+    ) -> tuple[str, dict[str, Any] | None]:
+        """A peer's CONNECT claims a client id (``pending``: the version of a CONNECT of it
+        here still waiting for its own claim): the answer, and the session document when it
+        moves. Unless this edge's CONNECT is the newer, its connection is closed (0x8E) and
+        its copy of the session dropped (logged: a restart does not bring it back)."""
+        key = claim.key
+        session = self.router.sessions.get(key)
+        held = session.claim if session is not None else None
+        if pending is not None:
+            held = pending if held is None else max(held, pending)
+        answer = verdict(held, session is not None and not session.clean, claim)
+        if answer == STALE:
+            return answer, None
+        conn = self.connections.get(key)
+        if conn is not None:
+            log.info("client %s taken over by a CONNECT on %s", printable(key[1]), claim.version[1])
+            details = {"old_peer": conn.peer, "new_node": claim.version[1]}
+            self.log(claim.tenant, "session_taken_over", claim.client_id, details)
+            self.close(conn, ReasonCode.SESSION_TAKEN_OVER)
+            self._detach(conn, self.clock())
+        session = self.router.sessions.get(key)  # a clean one ended with its connection
+        doc = None
+        if session is not None:
+            if answer == MOVED:
+                doc = session_doc(session)
+            self.pending_wills.pop(key, None)  # it lives on elsewhere: no will for its end
+            self._drop_session(session)
+        self.flush_dirty()
+        return answer, doc
+
+    def adopt_session(self, doc: dict[str, Any]) -> None:
+        """A session a peer handed over: installed here offline (or merged into the copy held
+        here: the subscriptions it lacks, then its messages after its queue), and logged like
+        one opened here."""
+        bounds = self.router.bounds
+        moved = session_from(doc, bounds.max_queued, bounds.max_inflight, self.clock())
+        key = (moved.tenant, moved.client_id)
+        router = self.router
+        session = router.sessions.get(key)
+        if session is None:
+            session = moved
+            router.add_session(session)
+            for full, sub in session.subscriptions.items():
+                router.install(session, full, sub)
+        else:
+            for full, sub in moved.subscriptions.items():
+                if full not in session.subscriptions:
+                    session.subscriptions[full] = sub
+                    session.set_subscription_id(full, moved.subscription_ids.get(full))
+                    router.install(session, full, sub)
+            waiting = [Pending(o.message, o.qos, o.retain) for o in moved.inflight.values()]
+            for pending in (*waiting, *moved.queue):
+                session.enqueue(pending)
+            session.since = max(session.since, moved.since)
+            if session.clean:  # a clean session here takes the persistent one's expiry
+                router.set_expiry(session, moved.expiry_interval)
+        self.state_changed = True  # its queue is only in a snapshot: take one soon
+        self.log_session(session, None)
+        for full, sub in session.subscriptions.items():
+            sub_id = session.subscription_ids.get(full)
+            self._log_session_change(
+                session, "sub", None, sub=subscription_doc(full, sub), id=sub_id
+            )
+        self.outbox.drain(session)
+        self.flush_dirty()
 
     # -- persistence (see broker_edge.store) ------------------------------------------------
 

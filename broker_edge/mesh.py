@@ -128,8 +128,9 @@ from schemas.topics import (
 
 MAGIC = b"\x00EBMESH1"
 # 2: QoS 1/2 seqs are durable at the origin (Dedup outlives a run); 3: retained messages and
-# the operator's decisions cross (PUBLISH keeps its retain flag; RETAINED)
-VERSION = 3
+# the operator's decisions cross (PUBLISH keeps its retain flag; RETAINED); 5: sessions move
+# between edges (CLAIM, SESSION: broker_edge.handover)
+VERSION = 5
 
 HELLO = 1
 WELCOME = 2
@@ -142,9 +143,14 @@ CHALLENGE = 8
 AUTH = 9
 SYNCED = 10
 RETAINED = 11
+CLAIM = 16  # dialer -> acceptor: a CONNECT claims a client id (broker_edge.handover)
+SESSION = 17  # acceptor -> dialer: the answer, with the session when it moves
 KINDS = frozenset(
-    {HELLO, WELCOME, REFUSE, INTEREST, PUBLISH, ACK, PING, CHALLENGE, AUTH, SYNCED, RETAINED}
-)
+    {
+        HELLO, WELCOME, REFUSE, INTEREST, PUBLISH, ACK, PING, CHALLENGE, AUTH, SYNCED, RETAINED,
+        CLAIM, SESSION,
+    }
+)  # fmt: skip
 
 _HEADER = struct.Struct(">IB")  # length of what follows the length, kind
 _PUBLISH = struct.Struct(">QQBB")  # seq, ts_us, qos, retain
@@ -790,6 +796,7 @@ __all__ = [
     "ACK",
     "AUTH",
     "CHALLENGE",
+    "CLAIM",
     "HELLO",
     "INTEREST",
     "MAGIC",
@@ -797,6 +804,7 @@ __all__ = [
     "PUBLISH",
     "REFUSE",
     "RETAINED",
+    "SESSION",
     "SYNCED",
     "WELCOME",
     "AckGate",

@@ -27,7 +27,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from broker_edge import mesh
+from broker_edge import handover, mesh
+from broker_edge.handover import Assembly, Claim, Waiting
 from broker_edge.logtext import printable, truncated
 from broker_edge.mesh import (
     AckGate,
@@ -44,6 +45,7 @@ from broker_edge.message import Message
 from broker_edge.packets import QoS
 from broker_edge.settings import EdgeSettings
 from broker_edge.tenants import OPERATOR_TENANT
+from broker_edge.topics import parse_subscription_filter
 
 if typing.TYPE_CHECKING:
     from broker_edge.broker import Broker
@@ -81,6 +83,7 @@ class Link(asyncio.Protocol):
         self.up = False
         self.out: list[bytes] = []
         self.acks: list[int] = []
+        self.sessions = Assembly()  # dialed: the SESSION frames of an answer being read
         self._loop = asyncio.get_running_loop()
         self.closed: asyncio.Future[None] = self._loop.create_future()
         self._magic = b"" if outbound else mesh.MAGIC  # what is still to be read of it
@@ -211,6 +214,12 @@ class Mesh:
         self.congested = 0  # QoS 0 publishes not sent to a peer whose link was backed up
         self.retained_sent = 0  # retained messages and tombstones sent to links that came up
         self.retained_taken = 0  # ... received from peers' links that came up
+        # CONNECTs here waiting for the peers' answers to their claims, by (tenant, client id):
+        # the claim, what to call with the outcome, the deadline's timer.
+        self.waiting: dict[tuple[str, str], tuple[Waiting, Done, asyncio.TimerHandle]] = {}
+        self.sessions_in = 0  # sessions peers handed to this edge
+        self.sessions_out = 0  # ... this edge handed to peers
+        self.sessions_cut = 0  # queued messages too big for a SESSION frame, not handed over
         self.on_state: Callable[[], None] = _nothing  # a peer's state changed ($SYS now)
         self.dirty: set[Link] = set()
         self._flush_soon = False
@@ -273,12 +282,15 @@ class Mesh:
         if link.outbound:
             if self.outbound.get(link.address) is link:
                 del self.outbound[link.address]
+            if node is not None and link.up:
+                self._unanswered(node)
             if link.up:
                 self._set_state(link.address, DOWN)
         elif node is not None and self.inbound.get(node) is link:
             del self.inbound[node]
             self.inbound_states[node] = DOWN
             self.on_state()
+            self._unanswered(node)
         if link.up:
             link.up = False
             direction = "out" if link.outbound else "in"
@@ -299,6 +311,12 @@ class Mesh:
             message = mesh.parse_publish(body, link.node)
             self._check_reach(message, live=True)
             self._received(link, link.node, message)
+        elif kind == mesh.SESSION and link.up:
+            assert link.node is not None
+            self._session(link.node, link.sessions.feed(body))
+        elif kind == mesh.CLAIM and link.up:
+            assert link.node is not None
+            self._claimed(link.node, handover.parse_claim(body))
         elif kind == mesh.RETAINED and link.up:
             message = mesh.parse_retained(body)
             self._check_reach(message, live=False)
@@ -323,6 +341,7 @@ class Mesh:
             for data in self.interest.snapshot():
                 link.send(data)
             link.send(mesh.SYNCED_FRAME)
+            self._reclaim(node)
             log.info("link out to %s (%s) up", node, link.address)
             self._log("link_up", node, link.address, "out")
             self._set_state(link.address, UP)
@@ -392,6 +411,7 @@ class Mesh:
             self.filters_changed = True
         elif kind == mesh.ACK:
             self.unacked[node].ack(mesh.parse_ack(body))
+
         elif kind != mesh.PING:
             raise MeshProtocolError(f"unexpected frame kind {kind}")
 
@@ -437,6 +457,7 @@ class Mesh:
         for data in unacked.frames.values():  # in seq order, before anything new
             link.send(data)
         self._send_retained(link, hello.node)
+        self._reclaim(hello.node)
         self.inbound_states[hello.node] = UP
         self.on_state()
         log.info("link in from %s (%s) up", hello.node, link.address)
@@ -572,6 +593,96 @@ class Mesh:
         """The journal was replayed to its end."""
         self._replay_after.clear()
 
+    # -- sessions that move (see broker_edge.handover) -----------------------------------------
+
+    def claim(self, claim: Claim, done: Done) -> bool:
+        """A CONNECT here: its claim to every peer linked both ways; True when
+        ``done(moved, stale)`` is called once they answered (or at the deadline), False when
+        nobody is waited for (a clean start, or no peer linked).
+
+        A claim goes where this edge's publishes to the peer go (the link the peer dialed), so
+        the peer reads it after every publish this edge sent it before (the session it hands
+        over has them queued); the answer comes back the same way, after the peer's."""
+        data = mesh.frame(mesh.CLAIM, handover.claim_body(claim))
+        peers = self._linked()
+        for node in peers:
+            self.inbound[node].send(data)
+        if not claim.wait or not peers:
+            return False
+        earlier = self.waiting.get(claim.key)
+        if earlier is not None:  # the same client id connected here again meanwhile
+            earlier[0].superseded(claim.version)
+            self._done(claim.key)
+        timer = asyncio.get_running_loop().call_later(handover.CLAIM_WAIT, self._done, claim.key)
+        self.waiting[claim.key] = (Waiting(claim, peers), done, timer)
+        return True
+
+    def _linked(self) -> list[str]:
+        """The peers linked both ways (a claim goes on one link, its answer on the other)."""
+        dialed = {link.node for link in self.outbound.values() if link.up}
+        return [node for node in self.inbound if node in dialed]
+
+    def _done(self, key: tuple[str, str]) -> None:
+        waiting, done, timer = self.waiting.pop(key)
+        timer.cancel()
+        done(waiting.moved, waiting.stale)
+
+    def _unanswered(self, node: str) -> None:
+        """A link with ``node`` went down: its answers are not waited for any more."""
+        for key, (waiting, _, _) in list(self.waiting.items()):
+            if node in waiting.peers and waiting.answered(node, handover.NONE):
+                self._done(key)
+
+    def _claimed(self, node: str, claim: Claim) -> None:
+        """A peer's CONNECT claims a client id: the answer (with the session when it moves
+        there), and what the session's filters match routed to that peer from now on."""
+        link = self.inbound.get(node)
+        if link is None:
+            return  # no way to answer: the copy stays here (the link coming up claims again)
+        waiting = self.waiting.get(claim.key)
+        pending = None
+        if waiting is not None:
+            pending = waiting[0].claim.version
+            waiting[0].superseded(claim.version)
+        answer, doc = self.broker.session_claimed(claim, pending)
+        if doc is not None:
+            self.sessions_out += 1
+            filters = [parse_subscription_filter(sub["filter"])[1] for sub in doc["subscriptions"]]
+            self.routes[node].apply(claim.tenant, filters, ())
+        limit = self.max_frame - 2**16
+        bodies, cut = handover.frames(claim, answer, doc, limit // 2, limit)
+        self.sessions_cut += cut
+        for body in bodies:
+            link.send(mesh.frame(mesh.SESSION, body))
+
+    def _session(self, node: str, answer: handover.Answer | None) -> None:
+        """A peer's answer to a claim, once whole: its session installed here, the CONNECT
+        waiting for it told once every peer answered."""
+        if answer is None:
+            return
+        if answer.session is not None:
+            self.sessions_in += 1
+            self.broker.adopt_session(answer.session)
+        key = (answer.tenant, answer.client_id)
+        entry = self.waiting.get(key)
+        if (
+            entry is not None
+            and entry[0].claim.version == answer.version
+            and entry[0].answered(node, answer.answer)
+        ):
+            self._done(key)
+
+    def _reclaim(self, node: str) -> None:
+        """A link with ``node`` came up: once both are, claim again every persistent session
+        held here, waiting for nobody, so a copy the peer made while it was unreachable comes
+        here if this one is newer (or this one goes there: the peer claims too)."""
+        if node not in self._linked():
+            return
+        link = self.inbound[node]
+        for session in self.broker.persistent_sessions():
+            claim = Claim(session.tenant, session.client_id, session.claim, session.since, False)
+            link.send(mesh.frame(mesh.CLAIM, handover.claim_body(claim)))
+
     def sys_values(self) -> tuple[tuple[str, str], ...]:
         """Each configured peer's link state by HOST:PORT (the link this edge dials), each
         peer's link to this edge by node, and the traffic over links."""
@@ -587,6 +698,8 @@ class Mesh:
             ("publish/unacked_dropped", str(sum(u.dropped for u in self.unacked.values()))),
             ("retained/sent", str(self.retained_sent)),
             ("retained/received", str(self.retained_taken)),
+            ("sessions/received", str(self.sessions_in)),
+            ("sessions/sent", str(self.sessions_out)),
         ]
         return tuple(values)
 
@@ -618,6 +731,9 @@ class Mesh:
         details = {"peer": node, "address": address, "direction": direction, **more}
         self.broker.log(OPERATOR_TENANT, event, "", details, origin="mesh")
         self.broker.flush_dirty()
+
+
+Done = Callable[[bool, bool], None]  # a claim's outcome: (a session moved here, superseded)
 
 
 def _nothing() -> None:
