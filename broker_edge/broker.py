@@ -594,12 +594,28 @@ class Broker:
                 self.close(conn, None)
             else:
                 self._accept(conn, packet, connack, self.clock(), claim)
+                self._read_on(conn)
+            self.outbox.mark(conn)  # outside a read: nothing else marks its CONNACK
             self.flush_dirty()
 
         if mesh.claim(claim, answered):
             self.pause(conn, PAUSED_BY_CLAIM)
         else:
             self._accept(conn, packet, connack, now, claim)
+
+    def _read_on(self, conn: Connection) -> None:
+        """Handle what the client sent after its CONNECT while the CONNECT waited (a client
+        may send before its CONNACK); a turn cut short leaves the rest for its next read."""
+        try:
+            if self.receive(conn, b"", self.clock()):
+                self.resume(conn, PAUSED_BY_ROUTING)
+        except ProtocolError as exc:
+            self.protocol_failure(conn, exc)
+        except Exception as exc:
+            # Our bug, not the client's (as in the listener): close it, not the link it came by.
+            log.exception("internal error on connection %s", conn.peer)
+            failure = ProtocolError(repr(exc), ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
+            self.protocol_failure(conn, failure)
 
     def _accept(
         self,

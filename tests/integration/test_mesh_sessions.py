@@ -7,13 +7,14 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.helpers.edge_process import TENANT_TOKEN, EdgeProcess
-from tests.helpers.mesh_clients import settle
-from tests.helpers.mesh_edges import GLOBEX, meshed
+from tests.helpers.mesh_clients import SETTLE, settle
+from tests.helpers.mesh_edges import GLOBEX, meshed, wait_links_up
 from tests.helpers.session_clients import SESSION_TAKEN_OVER, TIMEOUT, SessionClient
 
 ACME = TENANT_TOKEN
@@ -40,6 +41,10 @@ class Sessions:
         self.made.append(client)
         return client
 
+    def close(self) -> None:
+        for client in self.made:
+            client.close()
+
     def subscribed(
         self, prefix: str, v5: bool, token: str = ACME, client_id: str | None = None
     ) -> tuple[SessionClient, str, dict[str, Any]]:
@@ -62,8 +67,7 @@ class Sessions:
 def session(edges: list[EdgeProcess], make_client: Any) -> Iterator[Sessions]:
     sessions = Sessions(edges, make_client)
     yield sessions
-    for client in sessions.made:
-        client.close()
+    sessions.close()
 
 
 @VERSIONS
@@ -150,6 +154,19 @@ def test_a_clean_start_on_another_edge_discards_the_session_everywhere(
     last.nothing_more()
 
 
+def test_an_mqtt5_session_resumed_with_expiry_0_moves_and_then_ends(session: Sessions) -> None:
+    first, topic, pub = session.subscribed("expiry0", True)
+    first.close()
+    pub["edge-a"].publish(f"{topic}/x", b"queued", qos=1)
+    b = session.edges[1]
+    last = session(b, first.client_id, True, expiry=0)  # clean start 0: resumed [MQTT-3.1.2-4]
+    assert last.session_present
+    assert last.payloads(1) == [b"queued"]
+    last.close()  # expiry 0: the session ends with this connection
+    again = session(b, first.client_id, True)
+    assert not again.session_present
+
+
 def test_the_same_client_id_in_two_tenants_is_two_sessions(session: Sessions) -> None:
     acme, topic, acme_pub = session.subscribed("tenants", True)
     globex, _, globex_pub = session.subscribed("", True, GLOBEX, acme.client_id)
@@ -163,3 +180,35 @@ def test_the_same_client_id_in_two_tenants_is_two_sessions(session: Sessions) ->
     globex_pub["edge-b"].publish(f"{topic}/x", b"for globex", qos=1)
     assert globex.payloads(1) == [b"for globex"]
     moved.nothing_more(0.5)
+
+
+def test_copies_made_while_an_edge_was_away_merge_when_it_is_back(
+    tmp_path: Path, make_client: Any
+) -> None:
+    """edge-a holds a session with a message queued, and is down when the client connects to
+    edge-b: edge-b cannot know, so it opens a new session. When edge-a is back, the links coming
+    up hand edge-a's copy (the older CONNECT) to edge-b, merged: the queued message arrives.
+    edge-a logged the copy as gone: killed and restarted, it does not bring it back."""
+    with meshed(tmp_path) as edges:
+        a, b, _ = edges
+        session = Sessions(edges, make_client)
+        try:
+            first, topic, pub = session.subscribed("partition", False)
+            first.close()
+            pub["edge-a"].publish(f"{topic}/x", b"queued on a", qos=1)
+            a.stop()
+            on_b = session(b, first.client_id, False)
+            assert not on_b.session_present  # the only copy is on an edge it cannot reach
+            a.start()
+            wait_links_up(a)
+            assert on_b.get(SETTLE).payload == b"queued on a"
+            on_b.nothing_more()
+            a.kill()
+            a.start()
+            wait_links_up(a)
+            wait_links_up(b)
+            make_client(port=a.mqtt_port, username=ACME).publish(f"{topic}/x", b"after", qos=1)
+            assert on_b.get(SETTLE).payload == b"after"  # its subscription came with it
+            on_b.nothing_more(2.0)  # and no copy came back from edge-a's restart
+        finally:
+            session.close()
