@@ -7,9 +7,11 @@ the last CONNECT wins [MQTT-3.1.4-3]. Each CONNECT is given a *claim version*
 ``(wall clock in µs, node)``: ordered by time, ties broken by node id, so every edge orders
 two CONNECTs the same way (edges' clocks are assumed in sync, as for retained messages). The
 edge that takes a CONNECT sends a :data:`CLAIM` (tenant, client id, version, ``since``, whether
-it waits) to every peer on the link it dialed (that direction carries what it asks for, as
-INTEREST does); each peer answers on the same link with :data:`SESSION` frames, its direction
-carrying what the peer sends (as PUBLISH does):
+it waits) to every peer linked both ways, on the link that carries its publishes to that peer
+(the one the peer dialed), so the peer reads it after every publish sent before it: what the
+claimer's clients published while the client was away is in the session the peer hands over.
+The peer answers with :data:`SESSION` frames on the link that carries *its* publishes, after
+them too (a peer that cannot answer, its link down, does nothing: its copy stays):
 
 - a peer whose own CONNECT (or the one its copy of the session came with) is newer than the
   claim answers :data:`STALE`: the claimer's CONNECT is not the last one, so it is closed;
@@ -30,12 +32,28 @@ its filters go into the router (so the peers are told), its queue is delivered w
 is attached. The handing edge also adds the session's filters to the claimer's routes at once,
 so a publish it takes before the claimer's INTEREST arrives still goes to the claimer.
 
-A peer unreachable at the CONNECT (its link down) is not waited for. When the link comes up the
-dialer claims again, without waiting, every persistent session it holds, with the version it
-holds it by: a peer holding an older copy hands it over and the claimer merges it (the
-subscriptions it lacks, the queued and in-flight messages after its own queue); a peer holding
-a newer one answers STALE, and its own claim over its link hands this edge's copy to it. So
-after a partition the copies end up merged on the edge of the last CONNECT.
+A peer unreachable at the CONNECT (either link down) is not waited for. When the second link
+with a peer comes up, each edge claims again, without waiting, every persistent session it
+holds, with the version it holds it by: a peer holding an older copy hands it over and the
+claimer merges it (the subscriptions it lacks, the peer's in-flight and queued messages after
+its own queue); a peer holding a newer one answers STALE and its own claim hands this edge's
+copy to it. So after a partition the copies end up merged on the edge of the last CONNECT.
+Equal versions (two copies restored from before the mesh knew of claims) both stay.
+
+Chosen where the issue is silent, and the gaps that remain:
+
+- the wait is bounded (:data:`CLAIM_WAIT`): a peer that answers later still hands its copy
+  over, merged into the session (then live) here;
+- the handed session is durable on the claimer through its session log (the session and its
+  subscriptions, synced before the CONNACK) and its next snapshot (the queue, soon after); the
+  handing edge logs its copy dropped at once. A claimer that crashes before that snapshot loses
+  the queue handed to it, and a link that breaks while a SESSION is on the wire loses it (no
+  acknowledgement of a handover yet);
+- a publish of a third edge that reaches the handing edge after the handover, before the third
+  edge learned the claimer's filters (one INTEREST's trip), is not delivered to the session;
+- an expiry interval counts again from the handover; a queued message whose document is over
+  the peer's frame bound is left out (counted in ``Mesh.sessions_cut``);
+- each link coming up sends one CLAIM per persistent session held (no digest yet).
 
 Frames are JSON. A session with a long queue is sent in several SESSION frames (:func:`frames`:
 the first has everything but the rest of the queue, ``end`` marks the last), each well under a
