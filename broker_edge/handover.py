@@ -78,6 +78,10 @@ NO_VERSION: Version = NO_CLAIM
 
 # Seconds a CONNECT without clean start waits for the peers' answers at most.
 CLAIM_WAIT = 1.0
+# Seconds the edge that handed a session over keeps a stand-in for it (see the theory of
+# operation), and (longer) the claimer remembers what reached the session meanwhile.
+RELAY_WINDOW = 2.0
+ADOPTED_WINDOW = 3 * RELAY_WINDOW
 
 # Answers to a claim.
 MOVED, NONE, STALE = "moved", "none", "stale"

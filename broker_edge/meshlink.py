@@ -43,6 +43,7 @@ from broker_edge.mesh import (
 )
 from broker_edge.message import Message
 from broker_edge.packets import QoS
+from broker_edge.session import Session
 from broker_edge.settings import EdgeSettings
 from broker_edge.tenants import OPERATOR_TENANT
 from broker_edge.topics import parse_subscription_filter
@@ -220,6 +221,7 @@ class Mesh:
         self.sessions_in = 0  # sessions peers handed to this edge
         self.sessions_out = 0  # ... this edge handed to peers
         self.sessions_cut = 0  # queued messages too big for a SESSION frame, not handed over
+        self.relays_lost = 0  # messages a stand-in took for a peer whose link was down then
         self.on_state: Callable[[], None] = _nothing  # a peer's state changed ($SYS now)
         self.dirty: set[Link] = set()
         self._flush_soon = False
@@ -649,11 +651,37 @@ class Mesh:
             self.sessions_out += 1
             filters = [parse_subscription_filter(sub["filter"])[1] for sub in doc["subscriptions"]]
             self.routes[node].apply(claim.tenant, filters, ())
+            stand_in = self.broker.stand_in(doc)
+            asyncio.get_running_loop().call_later(
+                handover.RELAY_WINDOW, self._relay, node, claim, stand_in
+            )
+        self._answer_claim(link, claim, answer, doc)
+
+    def _answer_claim(
+        self, link: Link, claim: Claim, answer: str, doc: dict[str, Any] | None
+    ) -> None:
         limit = self.max_frame - 2**16
         bodies, cut = handover.frames(claim, answer, doc, limit // 2, limit)
         self.sessions_cut += cut
         for body in bodies:
             link.send(mesh.frame(mesh.SESSION, body))
+
+    def _relay(self, node: str, claim: Claim, stand_in: Session) -> None:
+        """A stand-in's time is over: what it took goes to where the session went."""
+        doc = self.broker.stand_in_done(stand_in)
+        if doc is None:
+            return
+        if claim.key in self.broker.sessions:  # it came back meanwhile
+            self.broker.adopt_session(doc)
+            return
+        link = self.inbound.get(node)
+        if link is None:
+            lost = len(doc["queue"])
+            self.relays_lost += lost
+            log.warning("%d late messages of a session moved to %s lost: link down", lost, node)
+            return
+        self._answer_claim(link, claim, handover.MOVED, doc)
+        self.want_flush()
 
     def _session(self, node: str, answer: handover.Answer | None) -> None:
         """A peer's answer to a claim, once whole: its session installed here, the CONNECT

@@ -4,6 +4,8 @@ session 0, MQTT 5 with a session expiry) that reconnect to another edge."""
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -128,6 +130,40 @@ def test_the_last_connect_wins_across_edges(session: Sessions, v5: bool) -> None
     assert sorted(on_b.payloads(2)) == [b"after", b"after too"]
     on_b.nothing_more()
     on_a.nothing_more(0.1)
+
+
+@VERSIONS
+def test_nothing_is_lost_when_a_session_moves_in_the_middle_of_a_stream(
+    session: Sessions, v5: bool
+) -> None:
+    """A QoS 1 stream published on edge-c while the client's CONNECT moves its session from
+    edge-a to edge-b: every message reaches the client on one edge or the other (edge-c learns
+    where the session went one INTEREST later: what it sent to edge-a meanwhile follows)."""
+    on_a, topic, pub = session.subscribed("stream", v5)
+    sent: list[bytes] = []
+
+    def publish() -> None:
+        for n in range(400):
+            payload = str(n).encode()
+            pub["edge-c"].publish(f"{topic}/x", payload, qos=1)
+            sent.append(payload)
+
+    publisher = threading.Thread(target=publish)
+    publisher.start()
+    while len(sent) < 100:
+        time.sleep(0.01)
+    on_b = session(session.edges[1], on_a.client_id, v5)
+    publisher.join(SETTLE)
+    assert len(sent) == 400
+    got = set()
+    while len(got | _drained(on_a)) < 400:
+        got.add(on_b.get(SETTLE).payload)
+    assert got | _drained(on_a) == set(sent)
+
+
+def _drained(client: SessionClient) -> set[bytes]:
+    """What ``client`` received (all of it: it is closed)."""
+    return {m.payload for m in list(client.messages.queue)}
 
 
 @VERSIONS

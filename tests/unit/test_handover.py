@@ -312,3 +312,39 @@ def test_what_follows_a_waiting_connect_is_handled_after_its_connack() -> None:
     assert replies[0] == packets.Connack(session_present=False, reason_code=0)
     assert isinstance(replies[1], packets.Suback)
     assert list(b.sessions[(DEFAULT_TENANT, "dev-1")].subscriptions) == ["fleet/#"]
+
+
+def _from_c(seq: int, payload: bytes) -> Message:
+    return Message(DEFAULT_TENANT, "fleet/x", payload, QoS.AT_LEAST_ONCE, False, "pub", 5, seq=seq,
+                   origin="edge-c")  # fmt: skip
+
+
+def test_a_stand_in_keeps_what_a_third_edge_sent_too_soon_and_it_is_delivered_once() -> None:
+    a, _ = _away_on_a()
+    b, _ = _edge("edge-b", 20, wait=False)
+    _, doc = a.session_claimed(_claim((20, "edge-b"), wait=False), None)
+    assert doc is not None
+    stand_in = a.stand_in(doc)
+    assert a.router.interest is not None
+    assert a.router.interest.counts == {(DEFAULT_TENANT, "fleet/#"): 1}  # still routed here
+    b.adopt_session(doc)
+    # edge-c did not know yet: both went to edge-a; the second reached edge-b directly too.
+    a.deliver_remote(_from_c(7, b"only to a"))
+    a.deliver_remote(_from_c(8, b"to both"))
+    b.deliver_remote(_from_c(8, b"to both"))
+    late = a.stand_in_done(stand_in)
+    assert a.router.interest.counts == {}  # withdrawn now
+    assert late is not None
+    assert (late["client_id"], late["late"], late["subscriptions"]) == ("dev-1", True, [])
+    b.adopt_session(late)
+    peer = _connect(b, V4)
+    publishes = [p for p in peer.replies() if isinstance(p, Publish)]
+    assert sorted(p.payload for p in publishes) == [b"only to a", b"queued", b"to both"]
+
+
+def test_late_messages_for_a_session_that_ended_meanwhile_are_dropped() -> None:
+    b, _ = _edge("edge-b", 20, wait=False)
+    late = {"tenant": DEFAULT_TENANT, "client_id": "dev-1", "expiry_interval": 0, "inflight": [],
+            "subscriptions": [], "queue": [], "awaiting_rel": [], "late": True}  # fmt: skip
+    b.adopt_session(late)
+    assert (DEFAULT_TENANT, "dev-1") not in b.sessions
