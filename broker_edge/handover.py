@@ -32,6 +32,14 @@ its filters go into the router (so the peers are told), its queue is delivered w
 is attached. The handing edge also adds the session's filters to the claimer's routes at once,
 so a publish it takes before the claimer's INTEREST arrives still goes to the claimer.
 
+A third edge learns where the session went one INTEREST later, and meanwhile routes what
+matches it to the edge that held it. So that edge keeps, for :data:`RELAY_WINDOW` seconds, a
+*stand-in*: a clean session subscribed as the moved one was (not to its shared subscriptions),
+under an id no client can have. When its time is over what it took goes to the session's new
+edge as a late SESSION, which merges only what it did not deliver to the session itself since
+the handover (by ``(origin, seq)``, remembered for :data:`ADOPTED_WINDOW`): messages that took
+both ways (the handing edge's own publishes, routed to the claimer too) are delivered once.
+
 A peer unreachable at the CONNECT (either link down) is not waited for. When the second link
 with a peer comes up, each edge claims again, without waiting, every persistent session it
 holds, with the version it holds it by: a peer holding an older copy hands it over and the
@@ -49,8 +57,9 @@ Chosen where the issue is silent, and the gaps that remain:
   handing edge logs its copy dropped at once. A claimer that crashes before that snapshot loses
   the queue handed to it, and a link that breaks while a SESSION is on the wire loses it (no
   acknowledgement of a handover yet);
-- a publish of a third edge that reaches the handing edge after the handover, before the third
-  edge learned the claimer's filters (one INTEREST's trip), is not delivered to the session;
+- the stand-in is not in snapshots: a crash of the handing edge in its window loses what it
+  took; a publish a third edge sends after the window to the old edge (an INTEREST slower than
+  :data:`RELAY_WINDOW`) reaches nobody;
 - an expiry interval counts again from the handover; a queued message whose document is over
   the peer's frame bound is left out (counted in ``Mesh.sessions_cut``);
 - each link coming up sends one CLAIM per persistent session held (no digest yet).
