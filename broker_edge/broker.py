@@ -43,7 +43,7 @@ from broker_edge.connection import (
 from broker_edge.durability import JournalStatus
 from broker_edge.errors import ProtocolError
 from broker_edge.handlers import HANDLERS
-from broker_edge.handover import ADOPTED_WINDOW, MOVED, STALE, Claim, Version, verdict
+from broker_edge.handover import Claim
 from broker_edge.logtext import printable, truncated
 from broker_edge.message import Message
 from broker_edge.outbox import Outbox
@@ -63,10 +63,11 @@ from broker_edge.router import (
     Router,
     SessionBounds,
 )
-from broker_edge.session import NO_CLAIM, Pending, Session
+from broker_edge.session import NO_CLAIM, Session
 from broker_edge.sessionlog import SessionLog, SessionLogError
+from broker_edge.sessionmoves import SessionMoves
 from broker_edge.settings import EdgeSettings
-from broker_edge.store import session_doc, session_from, subscription_doc, subscription_from
+from broker_edge.store import subscription_doc, subscription_from
 from broker_edge.sysstats import Stats
 from broker_edge.tenancy import (
     EDGE_CLIENT_ID,
@@ -77,7 +78,6 @@ from broker_edge.tenancy import (
     Tenancy,
 )
 from broker_edge.tenants import OPERATOR_TENANT, TenantsConfig
-from broker_edge.topics import parse_subscription_filter
 from schemas.names import DEFAULT_TENANT
 from schemas.topics import JOURNAL_CONTROL_TOPIC_PREFIX
 
@@ -93,10 +93,6 @@ _CLOSED = ConnState.CLOSED
 # How often tick() scans every connection (keepalive, CONNECT timeout) and every session
 # (expiry): their deadlines are met within this.
 SCAN_INTERVAL = 1.0
-
-# The client id of a session's stand-in once it moved to a peer (broker_edge.handover) begins
-# with this: no client's can, MQTT strings hold no NUL [MQTT-1.5.4-2].
-STAND_IN = "\x00"
 
 
 class Journal(Protocol):
@@ -229,11 +225,8 @@ class Broker:
         # Set by the node when the edge may have peers (broker_edge.meshlink): publishes
         # accepted here are forwarded to it.
         self.mesh: MeshPort | None = None
-        # Sessions handed here lately (broker_edge.handover), by (tenant, client id): until
-        # when, and the (origin, seq) of what was delivered to them since (a stand-in's late
-        # messages are not delivered twice).
-        self.adopted: dict[tuple[str, str], tuple[float, set[tuple[str, int]]]] = {}
-        self._stand_ins = 0
+        # Sessions that move between the edges of a mesh (broker_edge.handover).
+        self.moves = SessionMoves(self)
         # Set by the node: the listener hands it a connection that opened with the link magic
         # (transport, peer, the bytes read); unset, such a connection is closed.
         self.link_acceptor: Callable[[Any, str, bytes], None] | None = None
@@ -831,8 +824,8 @@ class Broker:
         else:
             deliveries = self.router.route(message, publisher)
         if deliveries is not None:
-            if self.adopted:
-                self._note_adopted(deliveries)
+            if self.moves.adopted:
+                self.moves.note(deliveries)
             self.outbox.deliver(deliveries)
         return seq
 
@@ -860,8 +853,8 @@ class Broker:
         deliveries = self.router.route(message, None, retain=False)
         if deliveries is None:
             return False
-        if self.adopted:
-            self._note_adopted(deliveries)
+        if self.moves.adopted:
+            self.moves.note(deliveries)
         self.outbox.deliver(deliveries)
         return any(qos and not session.clean for session, _, qos, _, _ in deliveries)
 
@@ -985,139 +978,6 @@ class Broker:
                 if had:
                     self._log_session_change(session, "unsub", conn, f=topic_filter)
         return found
-
-    # -- sessions that move between edges (see broker_edge.handover) ------------------------------
-
-    def session_claimed(
-        self, claim: Claim, pending: Version | None
-    ) -> tuple[str, dict[str, Any] | None]:
-        """A peer's CONNECT claims a client id (``pending``: the version of a CONNECT of it
-        here still waiting for its own claim): the answer, and the session document when it
-        moves. Unless this edge's CONNECT is the newer, its connection is closed (0x8E) and
-        its copy of the session dropped (logged: a restart does not bring it back)."""
-        key = claim.key
-        session = self.router.sessions.get(key)
-        held = session.claim if session is not None else None
-        if pending is not None:
-            held = pending if held is None else max(held, pending)
-        answer = verdict(held, session is not None and not session.clean, claim)
-        if answer == STALE:
-            return answer, None
-        conn = self.connections.get(key)
-        if conn is not None:
-            log.info("client %s taken over by a CONNECT on %s", printable(key[1]), claim.version[1])
-            details = {"old_peer": conn.peer, "new_node": claim.version[1]}
-            self.log(claim.tenant, "session_taken_over", claim.client_id, details)
-            self.close(conn, ReasonCode.SESSION_TAKEN_OVER)
-            self._detach(conn, self.clock())
-        session = self.router.sessions.get(key)  # a clean one ended with its connection
-        doc = None
-        if session is not None:
-            if answer == MOVED:
-                doc = session_doc(session)
-            self.pending_wills.pop(key, None)  # it lives on elsewhere: no will for its end
-            self._drop_session(session)
-        self.flush_dirty()
-        return answer, doc
-
-    def adopt_session(self, doc: dict[str, Any]) -> None:
-        """A session a peer handed over: installed here offline (or merged into the copy held
-        here: the subscriptions it lacks, then its messages after its queue), and logged like
-        one opened here. ``late`` in ``doc``: what the peer's stand-in took after the handover
-        (only the messages not delivered here already, into the session if it is still here)."""
-        bounds = self.router.bounds
-        moved = session_from(doc, bounds.max_queued, bounds.max_inflight, self.clock())
-        key = (moved.tenant, moved.client_id)
-        router = self.router
-        session = router.sessions.get(key)
-        if doc.get("late"):
-            self._merge_late(key, moved)
-            return
-        now = self.clock()
-        self.adopted = {k: v for k, v in self.adopted.items() if v[0] > now}
-        seen = {(o.message.origin, o.message.seq) for o in moved.inflight.values()}
-        seen.update((p.message.origin, p.message.seq) for p in moved.queue)
-        earlier = self.adopted.get(key)
-        self.adopted[key] = (now + ADOPTED_WINDOW, seen | earlier[1] if earlier else seen)
-        if session is None:
-            session = moved
-            router.add_session(session)
-            for full, sub in session.subscriptions.items():
-                router.install(session, full, sub)
-        else:
-            for full, sub in moved.subscriptions.items():
-                if full not in session.subscriptions:
-                    session.subscriptions[full] = sub
-                    session.set_subscription_id(full, moved.subscription_ids.get(full))
-                    router.install(session, full, sub)
-            waiting = [Pending(o.message, o.qos, o.retain) for o in moved.inflight.values()]
-            for pending in (*waiting, *moved.queue):
-                session.enqueue(pending)
-            session.since = max(session.since, moved.since)
-            if session.clean:  # a clean session here takes the persistent one's expiry
-                router.set_expiry(session, moved.expiry_interval)
-        self.state_changed = True  # its queue is only in a snapshot: take one soon
-        self.log_session(session, None)
-        for full, sub in session.subscriptions.items():
-            sub_id = session.subscription_ids.get(full)
-            self._log_session_change(
-                session, "sub", None, sub=subscription_doc(full, sub), id=sub_id
-            )
-        self.outbox.drain(session)
-        self.flush_dirty()
-
-    def _merge_late(self, key: tuple[str, str], late: Session) -> None:
-        session = self.router.sessions.get(key)
-        entry = self.adopted.get(key)
-        if session is None or entry is None:
-            return  # it ended here meanwhile (a clean start), or came long ago
-        seen = entry[1]
-        for pending in late.queue:
-            message = pending.message
-            if (message.origin, message.seq) not in seen:
-                session.enqueue(pending)
-        self.state_changed = True
-        self.outbox.drain(session)
-        self.flush_dirty()
-
-    def _note_adopted(self, deliveries: Iterable[tuple[Session, Message, int, bool, Any]]) -> None:
-        """Remember what reached a session handed here lately (see adopted)."""
-        adopted = self.adopted
-        now = self.clock()
-        for session, message, *_ in deliveries:
-            key = (session.tenant, session.client_id)
-            entry = adopted.get(key)
-            if entry is None:
-                continue
-            if entry[0] < now:
-                del adopted[key]
-            else:
-                entry[1].add((message.origin, message.seq))
-
-    def stand_in(self, doc: dict[str, Any]) -> Session:
-        """For a moment after its session moved to a peer (broker_edge.handover: RELAY_WINDOW)
-        a stand-in subscribed as it was (but for shared subscriptions) keeps what reaches this
-        edge for it: what a third edge sent here before it learned where the session went."""
-        self._stand_ins += 1  # each its own id: a session may move twice within the window
-        stand_in_id = f"{STAND_IN}{self._stand_ins}{STAND_IN}{doc['client_id']}"
-        stand_in = self.router.new_session(doc["tenant"], stand_in_id, True, None)
-        for sub_doc in doc["subscriptions"]:
-            full = sub_doc["filter"]
-            if parse_subscription_filter(full)[0] is None:
-                sub = subscription_from(sub_doc)
-                stand_in.subscriptions[full] = sub
-                self.router.install(stand_in, full, sub)
-        return stand_in
-
-    def stand_in_done(self, stand_in: Session) -> dict[str, Any] | None:
-        """The stand-in ends: what it took, as a late session document for the peer (None:
-        nothing)."""
-        doc = session_doc(stand_in) if stand_in.queue else None
-        self.router.drop_session(stand_in)
-        if doc is not None:
-            client_id = stand_in.client_id.split(STAND_IN, 2)[2]
-            doc.update(client_id=client_id, subscriptions=[], late=True)
-        return doc
 
     # -- persistence (see broker_edge.store) ------------------------------------------------
 

@@ -646,12 +646,12 @@ class Mesh:
         if waiting is not None:
             pending = waiting[0].claim.version
             waiting[0].superseded(claim.version)
-        answer, doc = self.broker.session_claimed(claim, pending)
+        answer, doc = self.broker.moves.claimed(claim, pending)
         if doc is not None:
             self.sessions_out += 1
             filters = [parse_subscription_filter(sub["filter"])[1] for sub in doc["subscriptions"]]
             self.routes[node].apply(claim.tenant, filters, ())
-            stand_in = self.broker.stand_in(doc)
+            stand_in = self.broker.moves.stand_in(doc)
             asyncio.get_running_loop().call_later(
                 handover.RELAY_WINDOW, self._relay, node, claim, stand_in
             )
@@ -668,11 +668,11 @@ class Mesh:
 
     def _relay(self, node: str, claim: Claim, stand_in: Session) -> None:
         """A stand-in's time is over: what it took goes to where the session went."""
-        doc = self.broker.stand_in_done(stand_in)
+        doc = self.broker.moves.stand_in_done(stand_in)
         if doc is None:
             return
         if claim.key in self.broker.sessions:  # it came back meanwhile
-            self.broker.adopt_session(doc)
+            self.broker.moves.adopt(doc)
             return
         link = self.inbound.get(node)
         if link is None:
@@ -690,7 +690,7 @@ class Mesh:
             return
         if answer.session is not None:
             self.sessions_in += 1
-            self.broker.adopt_session(answer.session)
+            self.broker.moves.adopt(answer.session)
         key = (answer.tenant, answer.client_id)
         entry = self.waiting.get(key)
         if (

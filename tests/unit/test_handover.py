@@ -202,7 +202,7 @@ def test_a_claimed_session_is_handed_over_and_its_filters_withdrawn() -> None:
     interest = a.router.interest
     assert interest is not None
     assert interest.counts == {(DEFAULT_TENANT, "fleet/#"): 1}
-    answer, doc = a.session_claimed(_claim((20, "edge-b")), None)
+    answer, doc = a.moves.claimed(_claim((20, "edge-b")), None)
     assert answer == MOVED
     assert doc is not None
     assert [s["filter"] for s in doc["subscriptions"]] == ["fleet/#"]
@@ -219,9 +219,9 @@ def test_the_connect_waits_for_the_claim_and_gets_the_session_that_moved() -> No
     (claim, done), = mesh.claims  # fmt: skip
     assert claim == Claim(DEFAULT_TENANT, "dev-1", (20, "edge-b"), (0, ""), True)
     assert peer.replies() == []  # no CONNACK before the peers answered
-    _, doc = a.session_claimed(claim, None)
+    _, doc = a.moves.claimed(claim, None)
     assert doc is not None
-    b.adopt_session(doc)
+    b.moves.adopt(doc)
     done(True, False)
     b.flush_dirty()
     replies = peer.replies()
@@ -240,7 +240,7 @@ def test_a_live_v5_client_is_told_its_session_was_taken_over() -> None:
     a, _ = _edge("edge-a", 10, wait=False)
     peer = _connect(a, V5, session_expiry_interval=300)
     peer.replies()
-    answer, doc = a.session_claimed(_claim((20, "edge-b")), None)
+    answer, doc = a.moves.claimed(_claim((20, "edge-b")), None)
     assert answer == MOVED
     assert doc is not None
     assert doc["expiry_interval"] == 300
@@ -251,11 +251,11 @@ def test_a_newer_connect_here_is_not_taken_over() -> None:
     a, _ = _edge("edge-a", 30, wait=False)
     peer = _connect(a, V5, session_expiry_interval=300)
     peer.replies()
-    assert a.session_claimed(_claim((20, "edge-b")), None) == (STALE, None)
+    assert a.moves.claimed(_claim((20, "edge-b")), None) == (STALE, None)
     assert peer.replies() == []
     assert (DEFAULT_TENANT, "dev-1") in a.sessions
     # A CONNECT of it here, still waiting for its own claim, is newer too.
-    assert a.session_claimed(_claim((25, "edge-b")), (30, "edge-a")) == (STALE, None)
+    assert a.moves.claimed(_claim((25, "edge-b")), (30, "edge-a")) == (STALE, None)
 
 
 def test_a_connect_that_lost_the_race_is_closed_without_connack() -> None:
@@ -276,7 +276,7 @@ def test_a_clean_start_drops_the_older_copy_and_waits_for_nobody() -> None:
     assert peer.replies() == [packets.Connack(session_present=False, reason_code=0)]
     (claim, _), = mesh.claims  # fmt: skip
     assert (claim.since, claim.wait) == ((20, "edge-b"), False)
-    assert a.session_claimed(claim, None) == (NONE, None)
+    assert a.moves.claimed(claim, None) == (NONE, None)
     assert (DEFAULT_TENANT, "dev-1") not in a.sessions
 
 
@@ -287,9 +287,9 @@ def test_a_session_handed_over_merges_into_the_copy_held() -> None:
     sub = Subscription("other/#", QoS.AT_LEAST_ONCE)
     peer.send(Subscribe(packet_id=1, subscriptions=(sub,)))
     peer.replies()
-    _, doc = a.session_claimed(_claim((20, "edge-b"), wait=False), None)
+    _, doc = a.moves.claimed(_claim((20, "edge-b"), wait=False), None)
     assert doc is not None
-    b.adopt_session(doc)  # a copy made while edge-a was unreachable, merged
+    b.moves.adopt(doc)  # a copy made while edge-a was unreachable, merged
     session = b.sessions[(DEFAULT_TENANT, "dev-1")]
     assert sorted(session.subscriptions) == ["fleet/#", "other/#"]
     publishes = [p for p in peer.replies() if isinstance(p, Publish)]
@@ -322,21 +322,21 @@ def _from_c(seq: int, payload: bytes) -> Message:
 def test_a_stand_in_keeps_what_a_third_edge_sent_too_soon_and_it_is_delivered_once() -> None:
     a, _ = _away_on_a()
     b, _ = _edge("edge-b", 20, wait=False)
-    _, doc = a.session_claimed(_claim((20, "edge-b"), wait=False), None)
+    _, doc = a.moves.claimed(_claim((20, "edge-b"), wait=False), None)
     assert doc is not None
-    stand_in = a.stand_in(doc)
+    stand_in = a.moves.stand_in(doc)
     assert a.router.interest is not None
     assert a.router.interest.counts == {(DEFAULT_TENANT, "fleet/#"): 1}  # still routed here
-    b.adopt_session(doc)
+    b.moves.adopt(doc)
     # edge-c did not know yet: both went to edge-a; the second reached edge-b directly too.
     a.deliver_remote(_from_c(7, b"only to a"))
     a.deliver_remote(_from_c(8, b"to both"))
     b.deliver_remote(_from_c(8, b"to both"))
-    late = a.stand_in_done(stand_in)
+    late = a.moves.stand_in_done(stand_in)
     assert a.router.interest.counts == {}  # withdrawn now
     assert late is not None
     assert (late["client_id"], late["late"], late["subscriptions"]) == ("dev-1", True, [])
-    b.adopt_session(late)
+    b.moves.adopt(late)
     peer = _connect(b, V4)
     publishes = [p for p in peer.replies() if isinstance(p, Publish)]
     assert sorted(p.payload for p in publishes) == [b"only to a", b"queued", b"to both"]
@@ -346,5 +346,5 @@ def test_late_messages_for_a_session_that_ended_meanwhile_are_dropped() -> None:
     b, _ = _edge("edge-b", 20, wait=False)
     late = {"tenant": DEFAULT_TENANT, "client_id": "dev-1", "expiry_interval": 0, "inflight": [],
             "subscriptions": [], "queue": [], "awaiting_rel": [], "late": True}  # fmt: skip
-    b.adopt_session(late)
+    b.moves.adopt(late)
     assert (DEFAULT_TENANT, "dev-1") not in b.sessions
