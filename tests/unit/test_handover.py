@@ -348,3 +348,30 @@ def test_late_messages_for_a_session_that_ended_meanwhile_are_dropped() -> None:
             "subscriptions": [], "queue": [], "awaiting_rel": [], "late": True}  # fmt: skip
     b.moves.adopt(late)
     assert (DEFAULT_TENANT, "dev-1") not in b.sessions
+
+
+def test_an_mqtt5_session_moves_with_its_window_and_subscription_identifiers() -> None:
+    a, _ = _edge("edge-a", 10, wait=False)
+    on_a = _connect(a, V5, session_expiry_interval=300)
+    sub = Subscription("fleet/#", QoS.EXACTLY_ONCE)
+    ids = packets.Properties(subscription_identifiers=(7,))
+    on_a.send(Subscribe(packet_id=1, subscriptions=(sub,), properties=ids))
+    a.accept(DEFAULT_TENANT, "pub", Publish("fleet/x", b"in flight", QoS.EXACTLY_ONCE, 1), "pub")
+    a.flush_dirty()
+    sent = [p for p in on_a.replies() if isinstance(p, Publish)]
+    assert [p.payload for p in sent] == [b"in flight"]  # not acknowledged (no PUBREC)
+    a.connection_gone(on_a.conn, 0.0)
+    _, doc = a.moves.claimed(_claim((20, "edge-b"), wait=False), None)
+    assert doc is not None
+    b, _ = _edge("edge-b", 20, wait=False)
+    b.moves.adopt(doc)
+    on_b = _connect(b, V5, session_expiry_interval=300)
+    connack, again = on_b.replies()
+    assert isinstance(connack, packets.Connack)
+    assert (connack.session_present, connack.reason_code) == (True, 0)
+    assert isinstance(again, Publish)
+    assert (again.payload, again.dup, again.packet_id) == (b"in flight", True, sent[0].packet_id)
+    b.accept(DEFAULT_TENANT, "pub", Publish("fleet/y", b"new", QoS.AT_LEAST_ONCE, 2), "pub")
+    b.flush_dirty()
+    (new,) = [p for p in on_b.replies() if isinstance(p, Publish)]
+    assert new.properties.subscription_identifiers == (7,)
