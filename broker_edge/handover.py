@@ -53,10 +53,12 @@ Chosen where the issue is silent, and the gaps that remain:
 - the wait is bounded (:data:`CLAIM_WAIT`): a peer that answers later still hands its copy
   over, merged into the session (then live) here;
 - the handed session is durable on the claimer through its session log (the session and its
-  subscriptions, synced before the CONNACK) and its next snapshot (the queue, soon after); the
-  handing edge logs its copy dropped at once. A claimer that crashes before that snapshot loses
-  the queue handed to it, and a link that breaks while a SESSION is on the wire loses it (no
-  acknowledgement of a handover yet);
+  subscriptions, synced before the CONNACK) and its next snapshot (the queue, soon after), which
+  it then acknowledges (:data:`TAKEN`). The handing edge logs its copy dropped at once but keeps
+  it in memory until then: if a link with the claimer goes down first, it takes the copy back
+  (an offline session held by its old CONNECT), and the links coming up merge it where the last
+  CONNECT is (at least once: what the claimer had delivered of it comes again). A crash of the
+  handing edge before the TAKEN loses the copy if the claimer crashes too;
 - the stand-in is not in snapshots: a crash of the handing edge in its window loses what it
   took; a publish a third edge sends after the window to the old edge (an INTEREST slower than
   :data:`RELAY_WINDOW`) reaches nobody;
@@ -192,6 +194,20 @@ def frames(
     for i, chunk in enumerate(chunks[1:], 2):
         bodies.append(_json({**head, "q": chunk, "end": i == len(chunks)}))
     return bodies, left_out
+
+
+def taken_body(tenant: str, client_id: str, version: Version, late: bool) -> bytes:
+    """A TAKEN: the session (``late``: a stand-in's messages) handed over for the claim of
+    ``version`` is in a durable snapshot of the claimer."""
+    return _json({"t": tenant, "c": client_id, "v": list(version), "l": late})
+
+
+def parse_taken(body: bytes) -> tuple[str, str, Version, bool]:
+    doc = _doc(body, "TAKEN")
+    tenant, client_id, late = doc.get("t"), doc.get("c"), doc.get("l")
+    if not isinstance(tenant, str) or not isinstance(client_id, str) or not isinstance(late, bool):
+        raise MeshProtocolError("TAKEN: expected t, c, l")
+    return tenant, client_id, version_of(doc.get("v")), late
 
 
 @dataclass(frozen=True, slots=True)

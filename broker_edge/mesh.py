@@ -150,10 +150,11 @@ SYNCED = 10
 RETAINED = 11
 CLAIM = 16  # dialer -> acceptor: a CONNECT claims a client id (broker_edge.handover)
 SESSION = 17  # acceptor -> dialer: the answer, with the session when it moves
+TAKEN = 18  # acceptor -> dialer: a session handed over is in a durable snapshot of the dialer
 KINDS = frozenset(
     {
         HELLO, WELCOME, REFUSE, INTEREST, PUBLISH, ACK, PING, CHALLENGE, AUTH, SYNCED, RETAINED,
-        CLAIM, SESSION,
+        CLAIM, SESSION, TAKEN,
     }
 )  # fmt: skip
 
@@ -811,6 +812,7 @@ __all__ = [
     "RETAINED",
     "SESSION",
     "SYNCED",
+    "TAKEN",
     "WELCOME",
     "AckGate",
     "Dedup",

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from broker_edge import handover, mesh
-from broker_edge.handover import Assembly, Claim, Waiting
+from broker_edge.handover import Assembly, Claim, Version, Waiting
 from broker_edge.logtext import printable, truncated
 from broker_edge.mesh import (
     AckGate,
@@ -222,6 +222,15 @@ class Mesh:
         self.sessions_out = 0  # ... this edge handed to peers
         self.sessions_cut = 0  # queued messages too big for a SESSION frame, not handed over
         self.relays_lost = 0  # messages a stand-in took for a peer whose link was down then
+        # Handed over and not yet in a durable snapshot of the claimer, by (its node, tenant,
+        # client id, claim version, late: a stand-in's): the session documents, taken back if
+        # a link with it goes down first.
+        self.handed: dict[tuple[str, str, str, Version, bool], dict[str, Any]] = {}
+        self.taken_back = 0
+        # Handed here: TAKEN frames for the peers once a snapshot holding them is durable, and
+        # how many of them the snapshot being written holds.
+        self.taking: list[tuple[str, bytes]] = []
+        self._taking_covered = 0
         self.on_state: Callable[[], None] = _nothing  # a peer's state changed ($SYS now)
         self.dirty: set[Link] = set()
         self._flush_soon = False
@@ -286,6 +295,7 @@ class Mesh:
                 del self.outbound[link.address]
             if node is not None and link.up:
                 self._unanswered(node)
+                self._take_back(node)
             if link.up:
                 self._set_state(link.address, DOWN)
         elif node is not None and self.inbound.get(node) is link:
@@ -293,6 +303,7 @@ class Mesh:
             self.inbound_states[node] = DOWN
             self.on_state()
             self._unanswered(node)
+            self._take_back(node)
         if link.up:
             link.up = False
             direction = "out" if link.outbound else "in"
@@ -319,6 +330,9 @@ class Mesh:
         elif kind == mesh.CLAIM and link.up:
             assert link.node is not None
             self._claimed(link.node, handover.parse_claim(body))
+        elif kind == mesh.TAKEN and link.up:
+            assert link.node is not None
+            self.handed.pop((link.node, *handover.parse_taken(body)), None)
         elif kind == mesh.RETAINED and link.up:
             message = mesh.parse_retained(body)
             self._check_reach(message, live=False)
@@ -547,6 +561,12 @@ class Mesh:
         """A snapshot holding what was delivered from each origin up to ``delivered`` is
         durable: acknowledge what waited for it (on the origin's link, if it is up; if not,
         the origin sends it again and it is acknowledged then)."""
+        taking, self._taking_covered = self.taking[: self._taking_covered], 0
+        del self.taking[: len(taking)]
+        for node, data in taking:
+            link = self.inbound.get(node)
+            if link is not None:
+                link.send(data)
         released = self.gate.release(delivered)
         if not released:
             return
@@ -559,6 +579,7 @@ class Mesh:
     def state(self, snapshot_seq: int) -> MeshState:
         """What a snapshot of the node's state up to journal record ``snapshot_seq`` holds."""
         self.filters_changed = False
+        self._taking_covered = len(self.taking)
         upto = snapshot_seq if not self.pending else min(snapshot_seq, self.pending[0] - 1)
         peers = {
             node: PeerState(self.unacked[node].acked(upto), routes.filters())
@@ -651,6 +672,7 @@ class Mesh:
             self.sessions_out += 1
             filters = [parse_subscription_filter(sub["filter"])[1] for sub in doc["subscriptions"]]
             self.routes[node].apply(claim.tenant, filters, ())
+            self.handed[(node, *claim.key, claim.version, False)] = doc
             stand_in = self.broker.moves.stand_in(doc)
             asyncio.get_running_loop().call_later(
                 handover.RELAY_WINDOW, self._relay, node, claim, stand_in
@@ -680,6 +702,7 @@ class Mesh:
             self.relays_lost += lost
             log.warning("%d late messages of a session moved to %s lost: link down", lost, node)
             return
+        self.handed[(node, *claim.key, claim.version, True)] = doc
         self._answer_claim(link, claim, handover.MOVED, doc)
         self.want_flush()
 
@@ -691,6 +714,9 @@ class Mesh:
         if answer.session is not None:
             self.sessions_in += 1
             self.broker.moves.adopt(answer.session)
+            late = bool(answer.session.get("late"))
+            body = handover.taken_body(answer.tenant, answer.client_id, answer.version, late)
+            self.taking.append((node, mesh.frame(mesh.TAKEN, body)))
         key = (answer.tenant, answer.client_id)
         entry = self.waiting.get(key)
         if (
@@ -699,6 +725,15 @@ class Mesh:
             and entry[0].answered(node, answer.answer)
         ):
             self._done(key)
+
+    def _take_back(self, node: str) -> None:
+        """A link with ``node`` went down before it said it holds what was handed to it: this
+        edge holds it again (offline), for the links coming up to merge where it belongs."""
+        for key in [key for key in self.handed if key[0] == node]:
+            doc = self.handed.pop(key)
+            self.taken_back += 1
+            log.warning("session of %s handed to %s taken back: link down", printable(key[2]), node)
+            self.broker.moves.adopt({**doc, "late": False})
 
     def _reclaim(self, node: str) -> None:
         """A link with ``node`` came up: once both are, claim again every persistent session
@@ -728,6 +763,7 @@ class Mesh:
             ("retained/received", str(self.retained_taken)),
             ("sessions/received", str(self.sessions_in)),
             ("sessions/sent", str(self.sessions_out)),
+            ("sessions/taken_back", str(self.taken_back)),
         ]
         return tuple(values)
 

@@ -158,6 +158,9 @@ class SessionMoves:
         self._stand_ins += 1  # each its own id: a session may move twice within the window
         stand_in_id = f"{STAND_IN}{self._stand_ins}{STAND_IN}{doc['client_id']}"
         stand_in = router.new_session(doc["tenant"], stand_in_id, True, None)
+        # Clean (never snapshotted, never expired: it is not offline), but its late document
+        # carries the session's expiry, for the edge that may have to hold it after all.
+        stand_in.expiry_interval = int(doc["expiry_interval"])
         for sub_doc in doc["subscriptions"]:
             full = sub_doc["filter"]
             if parse_subscription_filter(full)[0] is None:

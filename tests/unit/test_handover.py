@@ -4,17 +4,19 @@ sockets (two brokers and a fake mesh between them)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 
 import pytest
 from test_connection import FakeJournal, Peer
 
-from broker_edge import handover, packets
+from broker_edge import handover, mesh, packets
 from broker_edge.broker import Broker
 from broker_edge.codec import encode
 from broker_edge.handover import MOVED, NONE, STALE, Assembly, Claim, Waiting, verdict
-from broker_edge.mesh import Interest, MeshProtocolError
+from broker_edge.mesh import FrameBuffer, Interest, MeshProtocolError, PeerRoutes, Unacked
+from broker_edge.meshlink import Link, Mesh
 from broker_edge.message import Message
 from broker_edge.packets import Connect, ProtocolVersion, Publish, QoS, Subscribe, Subscription
 from broker_edge.settings import EdgeSettings
@@ -375,3 +377,76 @@ def test_an_mqtt5_session_moves_with_its_window_and_subscription_identifiers() -
     b.flush_dirty()
     (new,) = [p for p in on_b.replies() if isinstance(p, Publish)]
     assert new.properties.subscription_identifiers == (7,)
+
+
+# -- the links: a handover is acknowledged once durable, taken back if a link goes first ----------
+
+
+class FakeTransport:
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+
+def _linked(broker: Broker, node: str, peer: str) -> tuple[Mesh, Link, Link]:
+    """``broker``'s mesh, linked both ways with ``peer`` (no sockets): the link the peer dialed
+    (what goes to the peer), the link this edge dialed (what comes from the peer)."""
+    links = Mesh(broker, EdgeSettings(node_id=node), lambda: "a-link-token-of-16+")
+    inbound, outbound = Link(links, False, f"{peer}:1"), Link(links, True, f"{peer}:1883")
+    for link in (inbound, outbound):
+        link.transport = FakeTransport()  # type: ignore[assignment]
+        link.node, link.up = peer, True
+    links.inbound[peer], links.outbound[outbound.address] = inbound, outbound
+    links.routes[peer], links.unacked[peer] = PeerRoutes(), Unacked()
+    return links, inbound, outbound
+
+
+def _sent(link: Link, kind: int) -> list[bytes]:
+    frames = FrameBuffer(1 << 24).feed(b"".join(link.out))
+    return [body for k, body in frames if k == kind]
+
+
+def test_a_handover_is_kept_until_taken_and_taken_back_if_the_link_goes_first() -> None:
+    async def run() -> None:
+        a, _ = _away_on_a()
+        on_a, to_b, from_b = _linked(a, "edge-a", "edge-b")
+        claim = _claim((20, "edge-b"))
+        on_a.handle(from_b, mesh.CLAIM, handover.claim_body(claim))
+        bodies = _sent(to_b, mesh.SESSION)
+        assert (DEFAULT_TENANT, "dev-1") not in a.sessions
+        assert len(on_a.handed) == 1
+        # edge-b takes it in; it says so once a snapshot holding it is durable.
+        b, _ = _edge("edge-b", 20, wait=False)
+        on_b, to_a, from_a = _linked(b, "edge-b", "edge-a")
+        for body in bodies:
+            on_b.handle(from_a, mesh.SESSION, body)
+        assert (DEFAULT_TENANT, "dev-1") in b.sessions
+        assert _sent(to_a, mesh.TAKEN) == []
+        on_b.state(0)  # a snapshot is taken ...
+        on_b.covered({})  # ... and durable
+        (taken,) = _sent(to_a, mesh.TAKEN)
+        on_a.handle(from_b, mesh.TAKEN, taken)
+        assert on_a.handed == {}
+        # Again, but a link with edge-b goes down before it says it has it: edge-a holds it.
+        a2, _ = _away_on_a()
+        on_a2, to_b2, from_b2 = _linked(a2, "edge-a", "edge-b")
+        on_a2.handle(from_b2, mesh.CLAIM, handover.claim_body(claim))
+        assert (DEFAULT_TENANT, "dev-1") not in a2.sessions
+        on_a2.lost(to_b2)
+        assert on_a2.handed == {}
+        session = a2.sessions[(DEFAULT_TENANT, "dev-1")]
+        assert [p.message.payload for p in session.queue] == [b"queued"]
+        assert session.claim == (10, "edge-a")  # by its old CONNECT: the newer one wins later
+
+    asyncio.run(run())
