@@ -86,7 +86,8 @@ Unacked.
 Sessions move with their clients (:mod:`broker_edge.handover`): a CONNECT claims its client id
 from every peer linked both ways (:data:`CLAIM`, sent where this edge's publishes to the peer go,
 so after them), and a peer that held the session closes its connection and hands it over in
-:data:`SESSION` frames on the link its own publishes take; the last CONNECT wins.
+:data:`SESSION` frames on the link its own publishes take, keeping it until the claimer's
+:data:`TAKEN` says a durable snapshot holds it; the last CONNECT wins.
 
 Restarts (the journal is the replication log). Each state snapshot of an edge (``store``) holds
 its :class:`MeshState`: per peer, the filters it holds and ``acked``, the highest seq at or

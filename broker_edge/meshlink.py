@@ -427,7 +427,6 @@ class Mesh:
             self.filters_changed = True
         elif kind == mesh.ACK:
             self.unacked[node].ack(mesh.parse_ack(body))
-
         elif kind != mesh.PING:
             raise MeshProtocolError(f"unexpected frame kind {kind}")
 
