@@ -30,6 +30,7 @@ from typing import Any, Protocol
 from broker_edge import sessionlog
 from broker_edge.connection import (
     PAUSED_BY_BACKLOG,
+    PAUSED_BY_CLAIM,
     PAUSED_BY_JOURNAL,
     PAUSED_BY_RATE,
     PAUSED_BY_ROUTING,
@@ -42,6 +43,7 @@ from broker_edge.connection import (
 from broker_edge.durability import JournalStatus
 from broker_edge.errors import ProtocolError
 from broker_edge.handlers import HANDLERS
+from broker_edge.handover import Claim
 from broker_edge.logtext import printable, truncated
 from broker_edge.meshgroups import Share
 from broker_edge.message import Message
@@ -62,8 +64,9 @@ from broker_edge.router import (
     Router,
     SessionBounds,
 )
-from broker_edge.session import Session
+from broker_edge.session import NO_CLAIM, Session
 from broker_edge.sessionlog import SessionLog, SessionLogError
+from broker_edge.sessionmoves import SessionMoves
 from broker_edge.settings import EdgeSettings
 from broker_edge.store import subscription_doc, subscription_from
 from broker_edge.sysstats import Stats
@@ -152,6 +155,12 @@ class MeshPort(Protocol):
         """``$SYS/broker/mesh/...`` values: (topic under mesh/, text)."""
         ...
 
+    def claim(self, claim: Claim, done: Callable[[bool, bool], None]) -> bool:
+        """Tell the peers a CONNECT claims its client id; True when ``done(moved, stale)`` is
+        called once they answered (see broker_edge.handover), False when nobody is waited
+        for."""
+        ...
+
 
 class Broker:
     def __init__(
@@ -219,6 +228,8 @@ class Broker:
         # Set by the node when the edge may have peers (broker_edge.meshlink): publishes
         # accepted here are forwarded to it.
         self.mesh: MeshPort | None = None
+        # Sessions that move between the edges of a mesh (broker_edge.handover).
+        self.moves = SessionMoves(self)
         # Set by the node: the listener hands it a connection that opened with the link magic
         # (transport, peer, the bytes read); unset, such a connection is closed.
         self.link_acceptor: Callable[[Any, str, bytes], None] | None = None
@@ -276,6 +287,8 @@ class Broker:
                 if stats.messages_out > turn_ends or clock() > deadline:
                     more = True
                     break
+                if conn.paused_for & PAUSED_BY_CLAIM:
+                    break  # its CONNECT waits for the peers: nothing after it yet (connect)
         finally:
             decoder = conn.decoder
             stats.packets_in += decoder.decoded
@@ -387,8 +400,17 @@ class Broker:
         """Record the session as it is now: opened with its expiry, or dropped (expiry 0)."""
         if session.clean:
             self._log_session_change(session, "drop", conn)
-        else:
+        elif session.claim == NO_CLAIM:
             self._log_session_change(session, "open", conn, x=session.expiry_interval)
+        else:  # in a mesh: the CONNECT it is held by (broker_edge.handover)
+            self._log_session_change(
+                session,
+                "open",
+                conn,
+                x=session.expiry_interval,
+                v=list(session.claim),
+                s=list(session.since),
+            )
 
     def sync_sessions(self) -> None:
         """Make the logged session changes durable, then release the held connections."""
@@ -423,6 +445,9 @@ class Broker:
             session = router.new_session(key[0], key[1], False, now)
         if op == "open":
             router.set_expiry(session, int(record["x"]))
+            if "v" in record:
+                session.claim = (int(record["v"][0]), str(record["v"][1]))
+                session.since = (int(record["s"][0]), str(record["s"][1]))
         elif op == "sub":
             sub = subscription_from(record["sub"])
             session.subscriptions[sub.topic_filter] = sub
@@ -549,7 +574,71 @@ class Broker:
             tenant, EDGE_CLIENT_ID, Publish(topic=topic, payload=payload, retain=retain), None
         )
 
-    def open_session(self, conn: Connection, packet: Connect, now: float) -> tuple[Session, bool]:
+    def connect(
+        self, conn: Connection, packet: Connect, connack: tuple[str | None, int], now: float
+    ) -> None:
+        """Open the admitted CONNECT's session and send its CONNACK (``connack``: the client id
+        assigned, the keepalive to announce); in a mesh, once the peers answered its claim
+        (broker_edge.handover: reading stops meanwhile)."""
+        mesh = self.mesh
+        if mesh is None:
+            self._accept(conn, packet, connack, now, None)
+            return
+        key = (conn.tenant, conn.client_id)
+        version = (self.wall_clock_us(), self.node_id)
+        held = self.router.sessions.get(key)
+        since = version if packet.clean_start else held.since if held is not None else NO_CLAIM
+        claim = Claim(conn.tenant, conn.client_id, version, since, not packet.clean_start)
+
+        def answered(moved: bool, stale: bool) -> None:
+            self.resume(conn, PAUSED_BY_CLAIM)
+            if conn.state is _CLOSED or conn.closing:
+                return  # gone meanwhile: what moved here stays, offline
+            if stale:
+                # A CONNECT of this client id on another edge is newer: this one lost.
+                log.info("CONNECT of %s superseded on another edge", printable(conn.client_id))
+                self.close(conn, None)
+            else:
+                self._accept(conn, packet, connack, self.clock(), claim)
+                self._read_on(conn)
+            self.outbox.mark(conn)  # outside a read: nothing else marks its CONNACK
+            self.flush_dirty()
+
+        if mesh.claim(claim, answered):
+            self.pause(conn, PAUSED_BY_CLAIM)
+        else:
+            self._accept(conn, packet, connack, now, claim)
+
+    def _read_on(self, conn: Connection) -> None:
+        """Handle what the client sent after its CONNECT while the CONNECT waited (a client
+        may send before its CONNACK); a turn cut short leaves the rest for its next read."""
+        try:
+            if self.receive(conn, b"", self.clock()):
+                self.resume(conn, PAUSED_BY_ROUTING)
+        except ProtocolError as exc:
+            self.protocol_failure(conn, exc)
+        except Exception as exc:
+            # Our bug, not the client's (as in the listener): close it, not the link it came by.
+            log.exception("internal error on connection %s", conn.peer)
+            failure = ProtocolError(repr(exc), ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
+            self.protocol_failure(conn, failure)
+
+    def _accept(
+        self,
+        conn: Connection,
+        packet: Connect,
+        connack: tuple[str | None, int],
+        now: float,
+        claim: Claim | None,
+    ) -> None:
+        session, present = self.open_session(conn, packet, now, claim)
+        v5 = conn.version == ProtocolVersion.MQTT_5
+        conn.accept(present, *connack, packet.properties if v5 else None)
+        self.outbox.resume_session(conn, session)
+
+    def open_session(
+        self, conn: Connection, packet: Connect, now: float, claim: Claim | None = None
+    ) -> tuple[Session, bool]:
         key = (conn.tenant, conn.client_id)
         router = self.router
         previous = self.connections.get(key)
@@ -581,6 +670,9 @@ class Broker:
         if conn.version == ProtocolVersion.MQTT_5:
             receive_maximum = packet.properties.receive_maximum or 65_535
         router.attach(session, conn, expiry, receive_maximum)
+        if claim is not None:
+            session.claim = claim.version
+            session.since = max(session.since, claim.since)
         if not session.clean or was_persistent:
             self.state_changed = True
             self.log_session(session, conn)  # its CONNACK waits until this is durable
@@ -736,6 +828,8 @@ class Broker:
         else:
             deliveries = self.router.route(message, publisher, shares=shares)
         if deliveries is not None:
+            if self.moves.adopted:
+                self.moves.note(deliveries)
             self.outbox.deliver(deliveries)
         return seq
 
@@ -764,6 +858,8 @@ class Broker:
         deliveries = self.router.route(message, None, retain=False, shares=shares)
         if deliveries is None:
             return False
+        if self.moves.adopted:
+            self.moves.note(deliveries)
         self.outbox.deliver(deliveries)
         return any(qos and not session.clean for session, _, qos, _, _ in deliveries)
 

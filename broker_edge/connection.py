@@ -72,6 +72,7 @@ PAUSED_BY_RATE = 1  # over its tenant's message rate (tenancy.take_token)
 PAUSED_BY_JOURNAL = 2  # the journal's backlog is over max_journal_backlog
 PAUSED_BY_ROUTING = 4  # packets of an earlier read still to handle (see Broker.receive)
 PAUSED_BY_BACKLOG = 8  # its own records awaiting the journal are over the per-client bound
+PAUSED_BY_CLAIM = 16  # its CONNECT waits for the mesh's peers (broker_edge.handover)
 
 # What a journal record costs while it waits for its commit, beyond its topic and payload (the
 # writer's buffered Python values), for the per-client bound on that backlog.

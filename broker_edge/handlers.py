@@ -78,9 +78,7 @@ def handle_connect(broker: Broker, conn: Connection, packet: Connect, now: float
     conn.admit(admission, packet.username)
     if packet.will is not None and not _take_will(broker, conn, packet.will, v5):
         return
-    session, present = broker.open_session(conn, packet, now)
-    conn.accept(present, assigned, server_keepalive, packet.properties if v5 else None)
-    broker.outbox.resume_session(conn, session)
+    broker.connect(conn, packet, (assigned, server_keepalive), now)
 
 
 def _take_will(broker: Broker, conn: Connection, will: Will, v5: bool) -> bool:

@@ -89,6 +89,12 @@ again, so a link break loses none; the receiver drops what it has delivered alre
 peer's filters survive a break too: what matches them while the link is down waits for it in
 Unacked.
 
+Sessions move with their clients (:mod:`broker_edge.handover`): a CONNECT claims its client id
+from every peer linked both ways (:data:`CLAIM`, sent where this edge's publishes to the peer go,
+so after them), and a peer that held the session closes its connection and hands it over in
+:data:`SESSION` frames on the link its own publishes take, keeping it until the claimer's
+:data:`TAKEN` says a durable snapshot holds it; the last CONNECT wins.
+
 Restarts (the journal is the replication log). Each state snapshot of an edge (``store``) holds
 its :class:`MeshState`: per peer, the filters it holds and ``acked``, the highest seq at or
 below which the peer acknowledged every QoS 1/2 message it was due; and per origin, the highest
@@ -138,8 +144,9 @@ MAGIC = b"\x00EBMESH1"
 # 2: QoS 1/2 seqs are durable at the origin (Dedup outlives a run); 3: retained messages and
 # the operator's decisions cross (PUBLISH keeps its retain flag; RETAINED); 4: shared
 # subscriptions are mesh-wide (INTEREST tells shares, PUBLISH names the shares given to the peer:
-# see broker_edge.meshgroups)
-VERSION = 4
+# see broker_edge.meshgroups); 5: sessions move between edges (CLAIM, SESSION:
+# broker_edge.handover)
+VERSION = 5
 
 HELLO = 1
 WELCOME = 2
@@ -152,9 +159,15 @@ CHALLENGE = 8
 AUTH = 9
 SYNCED = 10
 RETAINED = 11
+CLAIM = 16  # dialer -> acceptor: a CONNECT claims a client id (broker_edge.handover)
+SESSION = 17  # acceptor -> dialer: the answer, with the session when it moves
+TAKEN = 18  # acceptor -> dialer: a session handed over is in a durable snapshot of the dialer
 KINDS = frozenset(
-    {HELLO, WELCOME, REFUSE, INTEREST, PUBLISH, ACK, PING, CHALLENGE, AUTH, SYNCED, RETAINED}
-)
+    {
+        HELLO, WELCOME, REFUSE, INTEREST, PUBLISH, ACK, PING, CHALLENGE, AUTH, SYNCED, RETAINED,
+        CLAIM, SESSION, TAKEN,
+    }
+)  # fmt: skip
 
 _HEADER = struct.Struct(">IB")  # length of what follows the length, kind
 _PUBLISH = struct.Struct(">QQBB")  # seq, ts_us, qos, retain
@@ -952,6 +965,7 @@ __all__ = [
     "ACK",
     "AUTH",
     "CHALLENGE",
+    "CLAIM",
     "HELLO",
     "INTEREST",
     "MAGIC",
@@ -959,7 +973,9 @@ __all__ = [
     "PUBLISH",
     "REFUSE",
     "RETAINED",
+    "SESSION",
     "SYNCED",
+    "TAKEN",
     "WELCOME",
     "AckGate",
     "Dedup",

@@ -27,7 +27,8 @@ from collections import deque
 from collections.abc import Callable, Container
 from typing import Any
 
-from broker_edge import mesh
+from broker_edge import handover, mesh
+from broker_edge.handover import Assembly, Claim, Version, Waiting
 from broker_edge.logtext import printable, truncated
 from broker_edge.mesh import (
     AckGate,
@@ -43,8 +44,10 @@ from broker_edge.mesh import (
 from broker_edge.meshgroups import Share, ShareChoice
 from broker_edge.message import Message
 from broker_edge.packets import QoS
+from broker_edge.session import Session
 from broker_edge.settings import EdgeSettings
 from broker_edge.tenants import OPERATOR_TENANT
+from broker_edge.topics import parse_subscription_filter
 
 if typing.TYPE_CHECKING:
     from broker_edge.broker import Broker
@@ -82,6 +85,7 @@ class Link(asyncio.Protocol):
         self.up = False
         self.out: list[bytes] = []
         self.acks: list[int] = []
+        self.sessions = Assembly()  # dialed: the SESSION frames of an answer being read
         self._loop = asyncio.get_running_loop()
         self.closed: asyncio.Future[None] = self._loop.create_future()
         self._magic = b"" if outbound else mesh.MAGIC  # what is still to be read of it
@@ -216,6 +220,22 @@ class Mesh:
         self.choice = ShareChoice()
         self.shares_given = 0  # a publish's shared group given to a peer's members
         self.shares_dropped = 0  # ... given here, by a peer, to a group this node no longer has
+        # CONNECTs here waiting for the peers' answers to their claims, by (tenant, client id):
+        # the claim, what to call with the outcome, the deadline's timer.
+        self.waiting: dict[tuple[str, str], tuple[Waiting, Done, asyncio.TimerHandle]] = {}
+        self.sessions_in = 0  # sessions peers handed to this edge
+        self.sessions_out = 0  # ... this edge handed to peers
+        self.sessions_cut = 0  # queued messages too big for a SESSION frame, not handed over
+        self.relays_lost = 0  # messages a stand-in took for a peer whose link was down then
+        # Handed over and not yet in a durable snapshot of the claimer, by (its node, tenant,
+        # client id, claim version, late: a stand-in's): the session documents, taken back if
+        # a link with it goes down first.
+        self.handed: dict[tuple[str, str, str, Version, bool], dict[str, Any]] = {}
+        self.taken_back = 0
+        # Handed here: TAKEN frames for the peers once a snapshot holding them is durable, and
+        # how many of them the snapshot being written holds.
+        self.taking: list[tuple[str, bytes]] = []
+        self._taking_covered = 0
         self.on_state: Callable[[], None] = _nothing  # a peer's state changed ($SYS now)
         self.dirty: set[Link] = set()
         self._flush_soon = False
@@ -278,12 +298,17 @@ class Mesh:
         if link.outbound:
             if self.outbound.get(link.address) is link:
                 del self.outbound[link.address]
+            if node is not None and link.up:
+                self._unanswered(node)
+                self._take_back(node)
             if link.up:
                 self._set_state(link.address, DOWN)
         elif node is not None and self.inbound.get(node) is link:
             del self.inbound[node]
             self.inbound_states[node] = DOWN
             self.on_state()
+            self._unanswered(node)
+            self._take_back(node)
         if link.up:
             link.up = False
             direction = "out" if link.outbound else "in"
@@ -304,6 +329,15 @@ class Mesh:
             message, shares = mesh.parse_publish(body, link.node)
             self._check_reach(message, live=True)
             self._received(link, link.node, message, shares)
+        elif kind == mesh.SESSION and link.up:
+            assert link.node is not None
+            self._session(link.node, link.sessions.feed(body))
+        elif kind == mesh.CLAIM and link.up:
+            assert link.node is not None
+            self._claimed(link.node, handover.parse_claim(body))
+        elif kind == mesh.TAKEN and link.up:
+            assert link.node is not None
+            self.handed.pop((link.node, *handover.parse_taken(body)), None)
         elif kind == mesh.RETAINED and link.up:
             message = mesh.parse_retained(body)
             self._check_reach(message, live=False)
@@ -328,6 +362,7 @@ class Mesh:
             for data in self.interest.snapshot():
                 link.send(data)
             link.send(mesh.SYNCED_FRAME)
+            self._reclaim(node)
             log.info("link out to %s (%s) up", node, link.address)
             self._log("link_up", node, link.address, "out")
             self._set_state(link.address, UP)
@@ -452,6 +487,7 @@ class Mesh:
         for data in unacked.frames.values():  # in seq order, before anything new
             link.send(data)
         self._send_retained(link, hello.node)
+        self._reclaim(hello.node)
         self.inbound_states[hello.node] = UP
         self.on_state()
         log.info("link in from %s (%s) up", hello.node, link.address)
@@ -570,6 +606,12 @@ class Mesh:
         """A snapshot holding what was delivered from each origin up to ``delivered`` is
         durable: acknowledge what waited for it (on the origin's link, if it is up; if not,
         the origin sends it again and it is acknowledged then)."""
+        taking, self._taking_covered = self.taking[: self._taking_covered], 0
+        del self.taking[: len(taking)]
+        for node, data in taking:
+            link = self.inbound.get(node)
+            if link is not None:
+                link.send(data)
         released = self.gate.release(delivered)
         if not released:
             return
@@ -582,6 +624,7 @@ class Mesh:
     def state(self, snapshot_seq: int) -> MeshState:
         """What a snapshot of the node's state up to journal record ``snapshot_seq`` holds."""
         self.filters_changed = False
+        self._taking_covered = len(self.taking)
         upto = snapshot_seq if not self.pending else min(snapshot_seq, self.pending[0] - 1)
         peers = {
             node: PeerState(self.unacked[node].acked(upto), routes.filters(), routes.shares.state())
@@ -629,6 +672,136 @@ class Mesh:
         """The journal was replayed to its end."""
         self._replay_after.clear()
 
+    # -- sessions that move (see broker_edge.handover) -----------------------------------------
+
+    def claim(self, claim: Claim, done: Done) -> bool:
+        """A CONNECT here: its claim to every peer linked both ways; True when
+        ``done(moved, stale)`` is called once they answered (or at the deadline), False when
+        nobody is waited for (a clean start, or no peer linked).
+
+        A claim goes where this edge's publishes to the peer go (the link the peer dialed), so
+        the peer reads it after every publish this edge sent it before (the session it hands
+        over has them queued); the answer comes back the same way, after the peer's."""
+        data = mesh.frame(mesh.CLAIM, handover.claim_body(claim))
+        peers = self._linked()
+        for node in peers:
+            self.inbound[node].send(data)
+        if not claim.wait or not peers:
+            return False
+        earlier = self.waiting.get(claim.key)
+        if earlier is not None:  # the same client id connected here again meanwhile
+            earlier[0].superseded(claim.version)
+            self._done(claim.key)
+        timer = asyncio.get_running_loop().call_later(handover.CLAIM_WAIT, self._done, claim.key)
+        self.waiting[claim.key] = (Waiting(claim, peers), done, timer)
+        return True
+
+    def _linked(self) -> list[str]:
+        """The peers linked both ways (a claim goes on one link, its answer on the other)."""
+        dialed = {link.node for link in self.outbound.values() if link.up}
+        return [node for node in self.inbound if node in dialed]
+
+    def _done(self, key: tuple[str, str]) -> None:
+        waiting, done, timer = self.waiting.pop(key)
+        timer.cancel()
+        done(waiting.moved, waiting.stale)
+
+    def _unanswered(self, node: str) -> None:
+        """A link with ``node`` went down: its answers are not waited for any more."""
+        for key, (waiting, _, _) in list(self.waiting.items()):
+            if node in waiting.peers and waiting.answered(node, handover.NONE):
+                self._done(key)
+
+    def _claimed(self, node: str, claim: Claim) -> None:
+        """A peer's CONNECT claims a client id: the answer (with the session when it moves
+        there), and what the session's filters match routed to that peer from now on."""
+        link = self.inbound.get(node)
+        if link is None:
+            return  # no way to answer: the copy stays here (the link coming up claims again)
+        waiting = self.waiting.get(claim.key)
+        pending = None
+        if waiting is not None:
+            pending = waiting[0].claim.version
+            waiting[0].superseded(claim.version)
+        answer, doc = self.broker.moves.claimed(claim, pending)
+        if doc is not None:
+            self.sessions_out += 1
+            filters = [parse_subscription_filter(sub["filter"])[1] for sub in doc["subscriptions"]]
+            self.routes[node].apply(claim.tenant, filters, ())
+            self.handed[(node, *claim.key, claim.version, False)] = doc
+            stand_in = self.broker.moves.stand_in(doc)
+            asyncio.get_running_loop().call_later(
+                handover.RELAY_WINDOW, self._relay, node, claim, stand_in
+            )
+        self._answer_claim(link, claim, answer, doc)
+
+    def _answer_claim(
+        self, link: Link, claim: Claim, answer: str, doc: dict[str, Any] | None
+    ) -> None:
+        limit = self.max_frame - 2**16
+        bodies, cut = handover.frames(claim, answer, doc, limit // 2, limit)
+        self.sessions_cut += cut
+        for body in bodies:
+            link.send(mesh.frame(mesh.SESSION, body))
+
+    def _relay(self, node: str, claim: Claim, stand_in: Session) -> None:
+        """A stand-in's time is over: what it took goes to where the session went."""
+        doc = self.broker.moves.stand_in_done(stand_in)
+        if doc is None:
+            return
+        if claim.key in self.broker.sessions:  # it came back meanwhile
+            self.broker.moves.adopt(doc)
+            return
+        link = self.inbound.get(node)
+        if link is None:
+            lost = len(doc["queue"])
+            self.relays_lost += lost
+            log.warning("%d late messages of a session moved to %s lost: link down", lost, node)
+            return
+        self.handed[(node, *claim.key, claim.version, True)] = doc
+        self._answer_claim(link, claim, handover.MOVED, doc)
+        self.want_flush()
+
+    def _session(self, node: str, answer: handover.Answer | None) -> None:
+        """A peer's answer to a claim, once whole: its session installed here, the CONNECT
+        waiting for it told once every peer answered."""
+        if answer is None:
+            return
+        if answer.session is not None:
+            self.sessions_in += 1
+            self.broker.moves.adopt(answer.session)
+            late = bool(answer.session.get("late"))
+            body = handover.taken_body(answer.tenant, answer.client_id, answer.version, late)
+            self.taking.append((node, mesh.frame(mesh.TAKEN, body)))
+        key = (answer.tenant, answer.client_id)
+        entry = self.waiting.get(key)
+        if (
+            entry is not None
+            and entry[0].claim.version == answer.version
+            and entry[0].answered(node, answer.answer)
+        ):
+            self._done(key)
+
+    def _take_back(self, node: str) -> None:
+        """A link with ``node`` went down before it said it holds what was handed to it: this
+        edge holds it again (offline), for the links coming up to merge where it belongs."""
+        for key in [key for key in self.handed if key[0] == node]:
+            doc = self.handed.pop(key)
+            self.taken_back += 1
+            log.warning("session of %s handed to %s taken back: link down", printable(key[2]), node)
+            self.broker.moves.adopt({**doc, "late": False})
+
+    def _reclaim(self, node: str) -> None:
+        """A link with ``node`` came up: once both are, claim again every persistent session
+        held here, waiting for nobody, so a copy the peer made while it was unreachable comes
+        here if this one is newer (or this one goes there: the peer claims too)."""
+        if node not in self._linked():
+            return
+        link = self.inbound[node]
+        for session in self.broker.persistent_sessions():
+            claim = Claim(session.tenant, session.client_id, session.claim, session.since, False)
+            link.send(mesh.frame(mesh.CLAIM, handover.claim_body(claim)))
+
     def sys_values(self) -> tuple[tuple[str, str], ...]:
         """Each configured peer's link state by HOST:PORT (the link this edge dials), each
         peer's link to this edge by node, and the traffic over links."""
@@ -646,6 +819,9 @@ class Mesh:
             ("retained/received", str(self.retained_taken)),
             ("shared/given", str(self.shares_given)),
             ("shared/dropped", str(self.shares_dropped)),
+            ("sessions/received", str(self.sessions_in)),
+            ("sessions/sent", str(self.sessions_out)),
+            ("sessions/taken_back", str(self.taken_back)),
         ]
         return tuple(values)
 
@@ -692,6 +868,9 @@ def _frames(message: Message, nodes: list[str], given: dict[str, list[Share]]) -
             plain = plain or mesh.publish_frame(message)
             frames[node] = plain
     return frames
+
+
+Done = Callable[[bool, bool], None]  # a claim's outcome: (a session moved here, superseded)
 
 
 def _nothing() -> None:

@@ -30,6 +30,9 @@ if TYPE_CHECKING:
     from broker_edge.connection import Connection
 
 
+NO_CLAIM: tuple[int, str] = (0, "")  # the oldest claim: a session held without one
+
+
 @dataclass(slots=True)
 class Outbound:
     message: Message
@@ -69,6 +72,10 @@ class Session:
     # Inbound QoS 2 packet ids received and not yet released by PUBREL [MQTT-4.3.3].
     _awaiting_rel: set[int] | None = None
     dropped: int = 0
+    # In a mesh (broker_edge.handover): the (µs, node) of the CONNECT this edge holds the
+    # session by, and of the clean start that began it; a copy older than that was discarded.
+    claim: tuple[int, str] = NO_CLAIM
+    since: tuple[int, str] = NO_CLAIM
     connection: Connection | None = None
     disconnected_at: float | None = None
     _next_packet_id: int = 1

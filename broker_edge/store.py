@@ -43,7 +43,7 @@ from typing import Any
 from broker_edge.errors import EdgeError
 from broker_edge.message import Message
 from broker_edge.packets import NO_PROPERTIES, Properties, QoS, RetainHandling, Subscription
-from broker_edge.session import Outbound, Pending, Session
+from broker_edge.session import NO_CLAIM, Outbound, Pending, Session
 from broker_edge.states import Flow
 
 FORMAT_VERSION = 1
@@ -77,7 +77,7 @@ def encode(
         "journal_seq": journal_seq,
         "session_log": session_log,
         "written_at_us": time.time_ns() // 1000,
-        "sessions": [_session_doc(s) for s in sessions],
+        "sessions": [session_doc(s) for s in sessions],
         "retained": [_message_doc(m) for m in retained],
     }
     if mesh is not None:
@@ -131,7 +131,7 @@ def load(path: Path, *, max_queued: int, max_inflight: int, now: float) -> Snaps
     try:
         offline_for = max(0.0, (time.time_ns() // 1000 - int(doc["written_at_us"])) / 1e6)
         sessions = [
-            _session_from(d, max_queued, max_inflight, now - offline_for) for d in doc["sessions"]
+            session_from(d, max_queued, max_inflight, now - offline_for) for d in doc["sessions"]
         ]
         retained = [_message_from(d) for d in doc["retained"]]
         return Snapshot(
@@ -193,8 +193,9 @@ def _message_from(d: dict[str, Any]) -> Message:
     )
 
 
-def _session_doc(s: Session) -> dict[str, Any]:
-    return {
+def session_doc(s: Session) -> dict[str, Any]:
+    """One persistent session as JSON (snapshots, and a session moving to another edge)."""
+    doc = {
         "tenant": s.tenant,
         "client_id": s.client_id,
         "expiry_interval": s.expiry_interval,
@@ -216,6 +217,11 @@ def _session_doc(s: Session) -> dict[str, Any]:
         ],
         "awaiting_rel": sorted(s.awaiting_rel),
     }
+    if s.subscription_ids:
+        doc["ids"] = dict(s.subscription_ids)
+    if s.claim != NO_CLAIM or s.since != NO_CLAIM:  # in a mesh (broker_edge.handover)
+        doc["claim"], doc["since"] = list(s.claim), list(s.since)
+    return doc
 
 
 def subscription_doc(topic_filter: str, sub: Subscription) -> dict[str, Any]:
@@ -239,7 +245,7 @@ def subscription_from(d: dict[str, Any]) -> Subscription:
     )
 
 
-def _session_from(d: dict[str, Any], max_queued: int, max_inflight: int, since: float) -> Session:
+def session_from(d: dict[str, Any], max_queued: int, max_inflight: int, since: float) -> Session:
     session = Session(
         client_id=d["client_id"],
         tenant=d["tenant"],
@@ -252,6 +258,11 @@ def _session_from(d: dict[str, Any], max_queued: int, max_inflight: int, since: 
     session.disconnected_at = since
     for sub in d["subscriptions"]:
         session.subscriptions[sub["filter"]] = subscription_from(sub)
+    for topic_filter, sub_id in d.get("ids", {}).items():
+        session.set_subscription_id(str(topic_filter), int(sub_id))
+    if "claim" in d:
+        session.claim = (int(d["claim"][0]), str(d["claim"][1]))
+        session.since = (int(d["since"][0]), str(d["since"][1]))
     for out in d["inflight"]:
         session.inflight[int(out["packet_id"])] = Outbound(
             _message_from(out["message"]),
