@@ -360,6 +360,13 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or not b else a / b
 
 
+def _us_per_msg(run: dict[str, Any]) -> float | None:
+    """CPU time of all the bus's brokers per message delivered (a figure that other programs'
+    load on the machine moves less than a rate does)."""
+    spent = run["cpu"].get("broker_s")
+    return None if spent is None or not run["received"] else spent / run["received"] * 1e6
+
+
 def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per case: each broker's medians over the rounds, and edgebus ÷ Mosquitto."""
     out: dict[str, dict[str, Any]] = {}
@@ -376,6 +383,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                 "p99_ms": median([x["p99"] for x in lat]),
                 "loss": sum(r["loss"] or 0 for r in mine),
                 "broker_cores": median([r["cpu"]["broker_cores"] for r in mine]),
+                "broker_us_per_msg": median([_us_per_msg(r) for r in mine]),
                 "crossings": [r["crossings"] for r in mine if "crossings" in r],
             }
         row["ratio_msgs_per_s"] = ratio(
@@ -394,8 +402,8 @@ def _f(value: float | None, fmt: str) -> str:
 def format_table(summary: dict[str, dict[str, Any]]) -> str:
     lines = [
         "| case | Mosquitto msgs/s | edgebus msgs/s | ratio | Mosquitto p50 / p99 ms "
-        "| edgebus p50 / p99 ms | loss M / e | broker cores M / e |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| edgebus p50 / p99 ms | loss M / e | broker cores M / e | broker CPU µs/msg M / e |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, row in summary.items():
         m, e = row["mosquitto"], row["edgebus"]
@@ -405,7 +413,8 @@ def format_table(summary: dict[str, dict[str, Any]]) -> str:
             f"| {_f(m['p50_ms'], '.2f')} / {_f(m['p99_ms'], '.2f')} "
             f"| {_f(e['p50_ms'], '.2f')} / {_f(e['p99_ms'], '.2f')} "
             f"| {m['loss']} / {e['loss']} "
-            f"| {_f(m['broker_cores'], '.2f')} / {_f(e['broker_cores'], '.2f')} |"
+            f"| {_f(m['broker_cores'], '.2f')} / {_f(e['broker_cores'], '.2f')} "
+            f"| {_f(m['broker_us_per_msg'], '.1f')} / {_f(e['broker_us_per_msg'], '.1f')} |"
         )
     return "\n".join(lines)
 

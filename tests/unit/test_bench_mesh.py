@@ -80,7 +80,8 @@ def a_run(kind: str, case: str, rate: float, p50: float, loss: int = 0) -> dict[
         "msgs_per_s": rate,
         "latency_ms": {"p50": p50, "p99": p50 * 4},
         "loss": loss,
-        "cpu": {"broker_cores": 0.9},
+        "received": 1000,
+        "cpu": {"broker_cores": 0.9, "broker_s": rate / 1000},
     }
 
 
@@ -97,6 +98,7 @@ def test_summary_is_medians_over_rounds_and_edgebus_over_mosquitto() -> None:
     assert row["ratio_msgs_per_s"] == 0.75
     assert row["ratio_p50"] == 2.5 / 2.0
     assert row["edgebus"]["loss"] == 3
+    assert row["edgebus"]["broker_us_per_msg"] == 30_000.0  # 30 s of CPU for 1,000 messages
     table = mesh.format_table(mesh.summarize(runs))
     assert "| max-q0 | 40,000 | 30,000 | 0.75x |" in table
 
