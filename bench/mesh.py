@@ -437,7 +437,8 @@ def main(argv: list[str] | None = None) -> int:
         "side by side: cross-edge msgs/s at QoS 0 and 1, latency cross-edge vs same-edge, "
         "and a fan-out over three nodes with each node's link counters.",
     )
-    parser.add_argument("--cases", default=",".join(cases(1, 1)), help="comma-separated")
+    names = ",".join(cases(1, 1))
+    parser.add_argument("--cases", default=names, help=f"comma-separated (default {names})")
     parser.add_argument("--rounds", type=int, default=2, help="each broker kind per case")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds of publishing")
     parser.add_argument("--payload", type=int, default=64, help="payload bytes (default 64)")
@@ -447,7 +448,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     known = cases(args.latency_rate, args.fanout_rate)
-    chosen = [known[name] for name in args.cases.split(",") if name]
+    unknown = [name for name in args.cases.split(",") if name not in known]
+    if unknown:
+        parser.error(f"unknown cases {unknown}; choose from {names}")
+    chosen = [known[name] for name in args.cases.split(",")]
     options = loadgen.LoadOptions(duration=args.duration, payload_size=args.payload)
     cpus = sorted(os.sched_getaffinity(0))
     broker_cpus: set[int] | None = None

@@ -120,3 +120,10 @@ def test_help_works(capsys: pytest.CaptureFixture[str]) -> None:
         mesh.main(["--help"])
     assert exited.value.code == 0
     assert "bridged" in capsys.readouterr().out
+
+
+def test_an_unknown_case_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        mesh.main(["--cases", "max-q0,max-q2"])
+    assert exited.value.code == 2
+    assert "max-q2" in capsys.readouterr().err
