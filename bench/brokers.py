@@ -245,11 +245,13 @@ def start_edgebus(
     timeout: float = 30.0,
     cpus: set[int] | None = None,
     tls: TlsFiles | None = None,
+    port: int | None = None,
 ) -> BrokerProcess:
-    """Run the edgebus broker edge (`python -m edgebus.cli edge ...`) on a free port; with
-    ``tls``, the returned port is its TLS listener's (the plain one is on another)."""
+    """Run the edgebus broker edge (`python -m edgebus.cli edge ...`) on ``port`` (default: a
+    free one; edges of a mesh must know each other's before they start); with ``tls``, the
+    returned port is its TLS listener's (the plain one is on another)."""
     workdir = Path(tempfile.mkdtemp(prefix="bench-edgebus-"))
-    port = free_port()
+    port = port or free_port()
     if tls is not None:
         tls_port = free_port()
         tls_args = ["--listen-tls", f"{HOST}:{tls_port}", "--cert", str(tls[0])]

@@ -51,6 +51,7 @@ import secrets
 import ssl
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, cast
@@ -787,6 +788,18 @@ def _split(items: list[tuple[str, str]], procs: int) -> list[tuple[tuple[str, st
     return [tuple(items[i::procs]) for i in range(procs)]
 
 
+def _split_by_target(
+    clients: list[tuple[str, str]], procs: int, default: Target, where: Mapping[str, Target]
+) -> list[tuple[Target, tuple[tuple[str, str], ...]]]:
+    """`_split` the clients of each broker (default, or as `where` says by client id) over
+    `procs` processes in all, at least one per broker."""
+    by_target: dict[Target, list[tuple[str, str]]] = {}
+    for client in clients:
+        by_target.setdefault(where.get(client[0], default), []).append(client)
+    per_target = max(1, procs // max(1, len(by_target)))
+    return [(at, group) for at, items in by_target.items() for group in _split(items, per_target)]
+
+
 def _percentiles(samples: list[int]) -> dict[str, float | int | None]:
     if not samples:
         return {"p50": None, "p90": None, "p99": None, "max": None, "samples": 0}
@@ -864,14 +877,27 @@ def run_clients(
     options: LoadOptions,
     publishers: list[tuple[str, str]],
     subscribers: list[tuple[str, str]],
+    *,
+    where: Mapping[str, Target] | None = None,
 ) -> dict[str, Any]:
     """Run publishers (client id, topic) and subscribers (client id, filter); see the module
-    docstring for the protocol. Returns the aggregated result."""
+    docstring for the protocol. Returns the aggregated result.
+
+    Every client connects to `target` unless `where` names another broker for its client id
+    (brokers joined into one bus: a worker process serves the clients of one broker); the
+    broker CPU is then that of every broker with a pid."""
     from bench.brokers import cpu_seconds, per_cpu_busy  # parent-only import
 
     cpus = os.cpu_count() or 1
-    pub_groups = _split(publishers, options.pub_procs or cpus)
-    sub_groups = _split(subscribers, options.sub_procs or cpus)
+    where = where or {}
+    pub_groups = _split_by_target(publishers, options.pub_procs or cpus, target, where)
+    sub_groups = _split_by_target(subscribers, options.sub_procs or cpus, target, where)
+    pids = {t.pid for t in (target, *where.values()) if t.pid}
+
+    def broker_cpu() -> float | None:
+        spent = [cpu_seconds(pid) for pid in pids]
+        return None if not spent or None in spent else sum(s or 0.0 for s in spent)
+
     rate_per_client = options.rate / len(publishers) if options.rate else None
     # End-to-end flow control (see _Gate); not against the null sink, which routes nothing.
     # Deliveries per message: the most subscriptions any publisher's topic matches.
@@ -887,11 +913,11 @@ def run_clients(
         )
     workers = _Workers()
     try:
-        for i, group in enumerate(sub_groups):
+        for i, (at, group) in enumerate(sub_groups):
             spec = _WorkerSpec(
                 "sub",
-                target.host,
-                target.port,
+                at.host,
+                at.port,
                 group,
                 options,
                 None,
@@ -899,11 +925,11 @@ def run_clients(
                 slot=len(pub_groups) + i,
             )
             workers.start(spec, counters)
-        for i, group in enumerate(pub_groups):
+        for i, (at, group) in enumerate(pub_groups):
             spec = _WorkerSpec(
                 "pub",
-                target.host,
-                target.port,
+                at.host,
+                at.port,
                 group,
                 options,
                 rate_per_client,
@@ -917,7 +943,7 @@ def run_clients(
         pubs = list(range(len(sub_groups), len(workers.procs)))
         workers.expect(subs + pubs, "ready", options.connect_timeout + 60)
 
-        broker_cpu0 = cpu_seconds(target.pid) if target.pid else None
+        broker_cpu0 = broker_cpu()
         machine0 = per_cpu_busy()
         wall0 = time.monotonic()
         start_ns = time.monotonic_ns() + 100_000_000  # every worker gets "go" before this
@@ -930,7 +956,7 @@ def run_clients(
         for result in pub_results:
             sent_by_topic.update(result["sent_by_topic"])
         expectations = []
-        for group in sub_groups:
+        for _, group in sub_groups:
             expected = sum(
                 sent
                 for _, topic_filter in group
@@ -944,7 +970,7 @@ def run_clients(
             )
         sub_results = workers.expect(subs, "done", options.drain_timeout + 30)
         wall = time.monotonic() - wall0
-        broker_cpu1 = cpu_seconds(target.pid) if target.pid else None
+        broker_cpu1 = broker_cpu()
         machine1 = per_cpu_busy()
     finally:
         workers.close()

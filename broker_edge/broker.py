@@ -853,7 +853,11 @@ class Broker:
         ``shares``, the shared groups its origin gave it to here, and of no other group); not
         journaled (its origin did), never forwarded again. True when a persistent session
         took it at QoS 1/2 (only a snapshot makes that survive a crash)."""
-        if self.take(message) and message.retain:
+        # The per-crossing-publish hot path: most messages are neither retained nor the
+        # operator's, and a QoS 0 one is never held for a snapshot.
+        if (message.retain or message.tenant == OPERATOR_TENANT) and (
+            self.take(message) and message.retain
+        ):
             self.state_changed = True  # not in this node's journal: snapshot it soon
         deliveries = self.router.route(message, None, retain=False, shares=shares)
         if deliveries is None:
@@ -861,7 +865,9 @@ class Broker:
         if self.moves.adopted:
             self.moves.note(deliveries)
         self.outbox.deliver(deliveries)
-        return any(qos and not session.clean for session, _, qos, _, _ in deliveries)
+        return bool(message.qos) and any(
+            qos and not session.clean for session, _, qos, _, _ in deliveries
+        )
 
     def _refuse_acks(self, conn: Connection, acks: list[tuple[int, int, int]]) -> None:
         """The journal failed the frame of a turn's last record. Its publishes that an earlier

@@ -174,6 +174,13 @@ _PUBLISH = struct.Struct(">QQBB")  # seq, ts_us, qos, retain
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
+# A PUBLISH without properties or shares ends its body so before its payload: an empty content
+# type (u16 0), flags 0, no user properties (u16 0). _PLAIN_SIZE: its frame's length field less
+# its strings and payload (kind, the fixed fields, four string lengths, that tail).
+_PLAIN_END = b"\x00\x00\x00"
+_PLAIN_TAIL = b"\x00\x00" + _PLAIN_END
+_PLAIN_SIZE = 1 + _PUBLISH.size + 3 * _U16.size + len(_PLAIN_TAIL)
+_QOS = tuple(QoS)  # by value: an index (a value out of range is an IndexError)
 
 # Edge-made "$" topics that cross links (each names its node); every other "$" topic is local,
 # but for the operator's decisions (DECIDED_PREFIXES) and journal notices (reach).
@@ -472,6 +479,28 @@ def publish_frame(message: Message, qos: QoS | None = None, shares: Iterable[Sha
     ``shares``: the shared subscriptions of the peer it is given to (broker_edge.meshgroups)."""
     props = message.properties
     qos = message.qos if qos is None else qos
+    if props is NO_PROPERTIES and shares == ():
+        # The usual message (per publish and peer: the hot path): the same bytes as below,
+        # built in one join with the frame's header.
+        tenant = message.tenant.encode()
+        client_id = message.client_id.encode()
+        topic = message.topic.encode()
+        payload = message.payload
+        size = _PLAIN_SIZE + len(tenant) + len(client_id) + len(topic) + len(payload)
+        return b"".join(
+            (
+                _HEADER.pack(size, PUBLISH),
+                _PUBLISH.pack(message.seq, message.ts_us, qos, message.retain),
+                _U16.pack(len(tenant)),
+                tenant,
+                _U16.pack(len(client_id)),
+                client_id,
+                _U16.pack(len(topic)),
+                topic,
+                _PLAIN_TAIL,
+                payload,
+            )
+        )
     parts = [_PUBLISH.pack(message.seq, message.ts_us, int(qos), message.retain)]
     _put_str(parts, message.tenant)
     _put_str(parts, message.client_id)
@@ -527,12 +556,36 @@ def parse_publish(body: bytes, origin: str) -> tuple[Message, tuple[Share, ...]]
     origin's), and the shares it is given to here."""
     try:
         seq, ts_us, qos, retain = _PUBLISH.unpack_from(body, 0)
-        pos = _PUBLISH.size
-        strings: list[str] = []
-        for _ in range(4):
-            (n,) = _U16.unpack_from(body, pos)
-            strings.append(body[pos + 2 : pos + 2 + n].decode())
-            pos += 2 + n
+        # The four strings unrolled (per crossing publish: the hot path).
+        pos = _PUBLISH.size + 2
+        end = pos + _U16.unpack_from(body, pos - 2)[0]
+        tenant = body[pos:end].decode()
+        pos = end + 2
+        end = pos + _U16.unpack_from(body, pos - 2)[0]
+        client_id = body[pos:end].decode()
+        pos = end + 2
+        end = pos + _U16.unpack_from(body, pos - 2)[0]
+        topic = body[pos:end].decode()
+        pos = end + 2
+        end = pos + _U16.unpack_from(body, pos - 2)[0]
+        content_type = body[pos:end].decode()
+        pos = end
+        qos_value = _QOS[qos]
+        if body[pos : pos + 3] == _PLAIN_END and tenant and topic:
+            # No flags, no user properties: the usual message, as the general path builds it.
+            message = Message(
+                tenant,
+                topic,
+                body[pos + 3 :],
+                qos_value,
+                bool(retain),
+                client_id,
+                ts_us,
+                NO_PROPERTIES,
+                seq,
+                origin,
+            )
+            return message, ()
         flags = body[pos]
         if flags > 7:
             raise MeshProtocolError(f"PUBLISH: unknown flags {flags:#x}")
@@ -543,22 +596,9 @@ def parse_publish(body: bytes, origin: str) -> tuple[Message, tuple[Share, ...]]
             pos += 4
         named: list[str] = []
         if flags & 4:
-            (count,) = _U16.unpack_from(body, pos)
-            pos += 2
-            for _ in range(count * 2):
-                (n,) = _U16.unpack_from(body, pos)
-                named.append(body[pos + 2 : pos + 2 + n].decode())
-                pos += 2 + n
-        (count,) = _U16.unpack_from(body, pos)
-        pos += 2
-        pairs: list[str] = []
-        for _ in range(count * 2):
-            (n,) = _U16.unpack_from(body, pos)
-            pairs.append(body[pos + 2 : pos + 2 + n].decode())
-            pos += 2 + n
+            named, pos = _pairs_of_strings(body, pos)
+        pairs, pos = _pairs_of_strings(body, pos)
         payload = body[pos:]
-        tenant, client_id, topic, content_type = strings
-        qos_value = QoS(qos)
     except (struct.error, IndexError, UnicodeDecodeError, ValueError) as exc:
         raise MeshProtocolError(f"PUBLISH: malformed ({exc})") from exc
     if not topic or not tenant:
@@ -578,6 +618,18 @@ def parse_publish(body: bytes, origin: str) -> tuple[Message, tuple[Share, ...]]
         tenant, topic, payload, qos_value, bool(retain), client_id, ts_us, props, seq, origin
     )
     return message, shares
+
+
+def _pairs_of_strings(body: bytes, pos: int) -> tuple[list[str], int]:
+    """A u16 count of pairs at ``pos``, then their strings; and where they end."""
+    (count,) = _U16.unpack_from(body, pos)
+    pos += 2
+    strings = []
+    for _ in range(count * 2):
+        (n,) = _U16.unpack_from(body, pos)
+        strings.append(body[pos + 2 : pos + 2 + n].decode())
+        pos += 2 + n
+    return strings, pos
 
 
 # -- routing state -----------------------------------------------------------------------------

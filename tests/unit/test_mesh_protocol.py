@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -20,7 +21,7 @@ from broker_edge.mesh import (
     Unacked,
 )
 from broker_edge.message import Message
-from broker_edge.packets import Properties, QoS, Subscription
+from broker_edge.packets import NO_PROPERTIES, Properties, QoS, Subscription
 from broker_edge.router import Router, SessionBounds
 from broker_edge.tenants import OPERATOR_TENANT as OPERATOR
 
@@ -105,6 +106,33 @@ def test_publish_without_properties() -> None:
     got, _ = mesh.parse_publish(frames[0][1], "edge-a")
     assert got.properties.content_type is None
     assert got.properties.user_properties == ()
+
+
+def test_a_plain_publish_takes_the_short_paths_to_the_same_bytes_and_message() -> None:
+    """No properties, no shares: publish_frame and parse_publish's fast paths (the mesh's hot
+    path) give what their general paths give (a list of shares, even empty, takes those)."""
+    for qos in QoS:
+        message = _message(properties=NO_PROPERTIES, qos=qos, retain=qos == QoS.AT_MOST_ONCE)
+        data = mesh.publish_frame(message)
+        assert data == mesh.publish_frame(message, shares=[])
+        assert mesh.publish_frame(message, QoS.AT_MOST_ONCE)[13] == 0  # the qos asked for
+        [(kind, body)] = FrameBuffer(1 << 20).feed(data)
+        got, shares = mesh.parse_publish(body, "edge-a")
+        assert (kind, shares, got.properties) == (mesh.PUBLISH, (), NO_PROPERTIES)
+        assert (got.qos, got.retain, got.payload, got.client_id) == (
+            qos,
+            message.retain,
+            message.payload,
+            "dev-1",
+        )
+        assert type(got.qos) is QoS
+        for cut in range(len(body)):  # cut short: a shorter payload or the protocol error
+            with contextlib.suppress(MeshProtocolError):
+                assert mesh.parse_publish(body[:cut], "edge-a")[0].payload != message.payload
+    with pytest.raises(MeshProtocolError):  # QoS 3
+        mesh.parse_publish(b"\x00" * 16 + b"\x03" + body[17:], "edge-a")
+    with pytest.raises(MeshProtocolError, match="empty topic or tenant"):
+        mesh.parse_publish(body[:18] + b"\x00\x00" + body[24:], "edge-a")
 
 
 @pytest.mark.parametrize(
