@@ -18,11 +18,12 @@ Progress. Each *unit* (``logs``, ``quarantine``, the usage step) is done through
 once all are, the thread records it in ``{checkpoint}/others`` (written before the query first
 starts, as -1). On a restart each unit starts from there, or from its table's own app
 transaction where that is newer (a crash between two tables' commits), and works up to the last
-batch Spark marked done; units at different batch ids read the range from their own (one read
-per distinct id), so no table gets a batch twice or misses one. A lake written before this
-module has no progress file: every table was then written inside its batch, so the progress is
-the last batch Spark marked done. A batch's range comes from Spark's offset log, which keeps
-the last 100 batches: the stream waits while the thread is :data:`MAX_LAG` batches behind.
+batch Spark marked done before the query starts; units at different batch ids read the range
+from their own (one read per distinct id), so no table gets a batch twice or misses one. A lake
+written before this module has no progress file: every table was then written inside its batch,
+so the progress is the last batch Spark marked done. A batch's range comes from Spark's offset
+log, which keeps the last 100 batches: the stream waits while the thread is :data:`MAX_LAG`
+batches behind.
 
 A batch Spark replays that the usage step holds already (a crash after the other tables'
 commits, before Spark's marker) runs the quota step again, which sends the decisions it
@@ -103,7 +104,8 @@ class OtherTables:
         return [*self._appends.values(), *self._usage.writers]
 
     def start(self, spark: SparkSession) -> None:
-        """Take up where the last run left off, then start the thread (before the query)."""
+        """Take up where the last run left off (written before this returns), then start the
+        thread (before the query starts)."""
         progress = self._recorded()
         for unit in UNITS:
             table = self._last_batch(unit)
@@ -118,6 +120,9 @@ class OtherTables:
             target=self._run, args=(spark,), name="other-tables", daemon=True
         )
         self._thread.start()
+        # Caught up before the query starts: its start and this write would start their Python
+        # workers side by side, and Spark gives a worker only 10 s to connect back.
+        self.drain()
 
     def hand(self, batch_id: int, others: bool) -> None:
         """Batch ``batch_id`` is in ``messages`` (``others``: it may hold other rows). Waits
