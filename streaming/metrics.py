@@ -5,7 +5,7 @@ Theory of operation
 The hot path pays for nothing it does not already compute: :class:`TableFanout` calls
 :meth:`PipelineMetrics.batch_done` once per micro-batch with what it has anyway (the rows the
 ``messages`` commit holds, the batch's end offset per node, its time), the other tables' thread
-(:mod:`streaming.others`) :meth:`PipelineMetrics.others_done` with theirs; the quota step hands
+(:mod:`streaming.others`) :meth:`PipelineMetrics.rows_written` with theirs; the quota step hands
 over its decisions, the quality schedule its results. Each is a handful of counter increments.
 
 Lag is measured when Prometheus scrapes, not per batch: the collector reads each node's durable
@@ -127,14 +127,14 @@ class PipelineMetrics:
         """A micro-batch is in ``messages``: its rows (None: not known), its step timings,
         each node's last seq in it, and its wall time."""
         self.batches.inc()
-        self.others_done(counts, timings)
+        self.rows_written(counts, timings)
         self.batch_seconds.observe(elapsed)
         self.last_batch.set(self._clock())
         self.lag.committed(ends)
 
-    def others_done(self, counts: Mapping[str, int | None], timings: Mapping[str, float]) -> None:
-        """Rows written to other tables (behind the stream, :mod:`streaming.others`) and the
-        time their steps took."""
+    def rows_written(self, counts: Mapping[str, int | None], timings: Mapping[str, float]) -> None:
+        """Rows written per destination (None: not known) and the time their steps took: a
+        batch's ``messages``, or a write of the other tables (:mod:`streaming.others`)."""
         for dest, n in counts.items():
             if n:
                 self.rows.labels(DESTINATION_TABLES.get(dest, dest)).inc(n)

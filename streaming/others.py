@@ -267,7 +267,7 @@ class OtherTables:
             ", ".join(f"{step} {seconds:.2f} s" for step, seconds in timings.items()),
         )
         if self._metrics is not None:
-            self._metrics.others_done(counts, timings)
+            self._metrics.rows_written(counts, timings)
 
     def _decided(self, events: list[QuotaEvent]) -> None:
         if self._metrics is not None:

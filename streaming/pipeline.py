@@ -168,7 +168,10 @@ class TableFanout:
 
     def batch_ended(self, batch_id: int, ends: dict[str, int]) -> None:
         """Batch ``batch_id`` is in ``messages``, with each node's last seq in ``ends``: its
-        notices go out once Spark marks it done and every other table holds it."""
+        notices go out once Spark marks it done and every other table holds it (kept only
+        when there are edges to tell)."""
+        if self.publisher is None or not self.publisher.brokers:
+            return
         with self._notices:
             self._pending.append((batch_id, ends))
 
@@ -188,18 +191,22 @@ class TableFanout:
             if now is not None and now - self._noticed_at < NOTICE_INTERVAL_SECONDS:
                 return
             held = self.others.done_through()
-            done = [
-                batch_id
-                for batch_id, _ in self._pending
-                if batch_id <= held and (self._commits / str(batch_id)).exists()
-            ]
-            if not done:
+            # Spark marks batches done in order: the newest marked one that every table holds.
+            done = next(
+                (
+                    batch_id
+                    for batch_id, _ in reversed(self._pending)
+                    if batch_id <= held and (self._commits / str(batch_id)).exists()
+                ),
+                None,
+            )
+            if done is None:
                 return  # not marked done yet, or not in every table: a replay could need them
             ends: dict[str, int] = {}
             for batch_id, batch_ends in self._pending:
-                if batch_id <= max(done):
+                if batch_id <= done:
                     ends |= batch_ends
-            self._pending = [entry for entry in self._pending if entry[0] > max(done)]
+            self._pending = [entry for entry in self._pending if entry[0] > done]
             self._noticed_at = time.monotonic() if now is None else now
             for node, seq in sorted(ends.items()):
                 # Errors are logged; the next notice (a higher seq) supersedes this one.

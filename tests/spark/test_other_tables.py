@@ -45,6 +45,12 @@ def messages_in_usage(settings: PipelineSettings) -> int:
     return sum(row["value"] for row in rows if row["metric"] == "messages_in")
 
 
+def usage_is_empty(settings: PipelineSettings) -> bool:
+    """No usage row yet: the table is not there, or only created (version 0)."""
+    table = str(settings.table_path(usage.TABLE))
+    return not DeltaTable.is_deltatable(table) or DeltaTable(table).version() == 0
+
+
 @pytest.fixture
 def gated_usage(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
     """The usage step waits for the event (set at the end whatever happens)."""
@@ -76,9 +82,7 @@ def test_messages_are_committed_while_the_other_tables_are_still_writing(
         batches = DeltaTable(str(settings.table_path(history.TABLE))).version()
         assert batches >= 5  # 78 records in batches of at most 8: the stream went on
         # ...while the usage step of the first batch with counters still waits.
-        assert not DeltaTable.is_deltatable(str(settings.table_path(usage.TABLE))) or (
-            DeltaTable(str(settings.table_path(usage.TABLE))).version() == 0
-        )
+        assert usage_is_empty(settings)
         gated_usage.set()
         query.processAllAvailable()  # now every table
     finally:
@@ -116,9 +120,7 @@ def test_a_failure_between_two_tables_is_taken_up_from_each_tables_own_progress(
     first = ids(settings, logs.TABLE)
     assert first
     assert set(first.values()) == {1}
-    assert not DeltaTable.is_deltatable(str(settings.table_path(usage.TABLE))) or (
-        DeltaTable(str(settings.table_path(usage.TABLE))).version() == 0
-    )
+    assert usage_is_empty(settings)
     checkpoint = settings.checkpoint_path(pipeline.JOB)
     progress = int((checkpoint / others.PROGRESS_FILE).read_text())
     marked = others.last_marked_done(checkpoint)
