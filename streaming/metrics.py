@@ -83,7 +83,7 @@ class PipelineMetrics:
         )
         self.batch_seconds = Histogram(
             f"{PREFIX}_batch_duration_seconds",
-            "how long a micro-batch took, from its start to its last table's commit",
+            "how long a micro-batch took, from its start to its messages commit",
             buckets=BATCH_SECONDS_BUCKETS,
             registry=self.registry,
         )
