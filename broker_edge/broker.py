@@ -140,6 +140,8 @@ class Journal(Protocol):
 
     # What the lake has committed of this journal (retention deletes up to it).
     lake_committed_seq: int
+    # Per mesh peer, what it acknowledged (retention keeps what follows: broker_edge.mesh).
+    peer_acked: dict[str, int]
 
 
 class MeshPort(Protocol):

@@ -25,6 +25,19 @@ budget (``journal_max_bytes``, ``journal_min_free_bytes``) is checked after ever
 every second; over it, publishes are refused with 0x97 until retention (segments the lake has
 committed, older than ``journal_retention_hours``) frees space. ``on_state`` tells the broker.
 
+Retention also keeps what the mesh's peers have not acknowledged (the journal is their
+replication log, broker_edge.mesh: an origin that restarts rebuilds each peer's unacknowledged
+messages from it): ``peer_acked`` (per peer node, the seq at or below which it acknowledged all
+it was due; set on the loop by the mesh) holds back every segment with a record after the lowest.
+Chosen where the issues are silent: one peer away for long must not fill the disk forever, so
+the disk budget wins. While the journal is over its budget and a segment the lake committed (and
+old enough) is held only for peers, the oldest such segments go, one at a time until it is under
+budget with a segment to spare (so the edge keeps taking publishes, each peer away keeping the
+newest records that fit), and ``on_peer_dropped(node, first, last)`` tells the loop, for each
+peer that had not acknowledged them, the seqs it gives up (the mesh drops them for that peer and
+logs ``peer_dropped`` in the operator's ``$log``). The lake's commit and the age rule still
+hold: a segment the lake has not committed is never removed, for the budget or anything else.
+
 The thread only *reports*: ``call_soon_threadsafe`` schedules at most one report at a time, and
 the report reads the newest durable seq when it runs, so several commits finished while the loop
 was busy cost it one wakeup. The report releases every waiter whose seq is now durable (it
@@ -47,7 +60,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ingest.journal import JournalWriteError, JournalWriter
+from ingest.journal import JournalWriteError, JournalWriter, list_segments
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +127,12 @@ class GroupCommitter:
         self._retry = threading.Event()  # set only to cut a retry wait short (close)
         # What the pipeline has committed of this node (set on the loop from $control).
         self.lake_committed_seq = 0
+        # Per mesh peer, the seq at or below which it acknowledged everything (set on the loop,
+        # a new dict each time; retention keeps what follows the lowest). Runs on the loop with
+        # the seqs a full journal gave up for a peer: (node, first, last).
+        self.peer_acked: dict[str, int] = {}
+        self.on_peer_dropped: Callable[[str, int, int], None] = _ignore_drop
+        self._peer_dropped_upto: dict[str, int] = {}  # the thread's: reported up to here
         # Written by the thread for $SYS.
         self.bytes_on_disk = writer.bytes_on_disk
         self.free_bytes = -1
@@ -250,46 +269,89 @@ class GroupCommitter:
                 return
 
     def _maintain(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Retention (segments the lake has committed), then the disk budget."""
+        """Retention (segments the lake has committed and no peer waits for), then the disk
+        budget (which wins over the peers: see the theory of operation)."""
         committed = self.lake_committed_seq
         if committed > 0:
-            try:
-                removed = self._writer.remove_committed(
-                    committed, self._retention, self._wall_clock()
-                )
-            except OSError as exc:
-                log.warning("journal retention: %s", exc)
-                removed = []
-            if removed:
-                self.segments_removed += len(removed)
-                log.info(
-                    "journal retention: removed %d segment(s) committed up to seq %d (%s..%s)",
-                    len(removed),
-                    committed,
-                    removed[0].name,
-                    removed[-1].name,
-                )
+            peer_acked = self.peer_acked  # one read: the loop replaces it whole
+            kept_for = min(peer_acked.values(), default=committed)
+            self._remove(min(committed, kept_for), None)
+            if kept_for < committed:
+                # With a segment to spare: the records that follow (a removal's own log event,
+                # the next publishes) do not put the journal over its budget again at once.
+                spare = self._writer.segment_bytes
+                while self._over_budget(spare)[0] is not None:
+                    last = self._remove(committed, 1)
+                    if last is None:
+                        break
+                    self._gave_up(loop, peer_acked, last)
         self._check_space(loop)
 
-    def _check_space(self, loop: asyncio.AbstractEventLoop) -> None:
-        writer = self._writer
-        self.bytes_on_disk = used = writer.bytes_on_disk
-        limit = reason = None
-        if self._max_bytes and used >= self._max_bytes:
-            limit = "journal_max_bytes"
-            reason = f"journal holds {used} bytes, journal_max_bytes is {self._max_bytes}"
-        elif self._min_free:
+    def _remove(self, upto: int, count: int | None) -> int | None:
+        """Remove (at most ``count``) sealed segments old enough with every record at or below
+        ``upto``; the last seq removed, or None when none was."""
+        try:
+            removed = self._writer.remove_committed(
+                upto, self._retention, self._wall_clock(), count
+            )
+        except OSError as exc:
+            log.warning("journal retention: %s", exc)
+            return None
+        if not removed:
+            return None
+        self.segments_removed += len(removed)
+        last = list_segments(self._writer.node_dir)[0][0] - 1  # the active one is left
+        log.info(
+            "journal retention: removed %d segment(s) up to seq %d (%s..%s)",
+            len(removed),
+            last,
+            removed[0].name,
+            removed[-1].name,
+        )
+        return last
+
+    def _gave_up(
+        self, loop: asyncio.AbstractEventLoop, peer_acked: dict[str, int], last: int
+    ) -> None:
+        """The budget removed records up to ``last``: tell the loop what each peer lost."""
+        reported = self._peer_dropped_upto
+        for node, acked in sorted(peer_acked.items()):
+            first = max(acked, reported.get(node, 0)) + 1
+            if first <= last:
+                reported[node] = last
+                log.warning(
+                    "journal over its budget: seqs %d..%d removed, peer %s had not acknowledged",
+                    first,
+                    last,
+                    node,
+                )
+                loop.call_soon_threadsafe(self.on_peer_dropped, node, first, last)
+
+    def _over_budget(self, spare: int = 0) -> tuple[str | None, str | None]:
+        """The budget limit the journal reached now, or would with ``spare`` bytes more (and
+        why), or (None, None)."""
+        used = self.bytes_on_disk = self._writer.bytes_on_disk
+        if self._max_bytes and used + spare >= self._max_bytes:
+            return "journal_max_bytes", (
+                f"journal holds {used} bytes, journal_max_bytes is {self._max_bytes}"
+            )
+        if self._min_free:
             try:
-                self.free_bytes = free = writer.free_bytes()
+                self.free_bytes = free = self._writer.free_bytes()
             except OSError as exc:
                 log.warning("journal free space unknown: %s", exc)
                 free = self._min_free
-            if free < self._min_free:
-                limit = "journal_min_free_bytes"
-                reason = f"{free} bytes free, journal_min_free_bytes is {self._min_free}"
+            if free - spare < self._min_free:
+                return "journal_min_free_bytes", (
+                    f"{free} bytes free, journal_min_free_bytes is {self._min_free}"
+                )
+        return None, None
+
+    def _check_space(self, loop: asyncio.AbstractEventLoop) -> None:
+        limit, reason = self._over_budget()
         if limit != self._full_limit:  # reported when the limit reached changes, not the bytes
             self._full_limit = limit
-            loop.call_soon_threadsafe(self._set_full, reason, used, self.free_bytes)
+            loop.call_soon_threadsafe(self._set_full, reason, self.bytes_on_disk, self.free_bytes)
 
     def _fail_and_retry(self, loop: asyncio.AbstractEventLoop, exc: BaseException) -> None:
         """A frame failed: have the loop refuse its publishes, then retry every second until a
@@ -436,4 +498,8 @@ def _noop() -> None:
 
 
 def _ignore_status(status: JournalStatus) -> None:
+    pass
+
+
+def _ignore_drop(node: str, first: int, last: int) -> None:
     pass

@@ -113,6 +113,15 @@ before that has not acknowledged it, so its origin sends it again and the restor
 than the message, lets it through. The WELCOME carries the origin's newest durable seq: a
 receiver whose Dedup is past it (the origin's journal started over) forgets that origin's seqs.
 Each end's promise is only as durable as its journal and snapshot (``edge.journal_fsync``).
+
+Retention (issue 9) keeps the journal for the peers: the origin tells its journal each peer's
+``acked`` (on every ACK and every second) and no segment holding a record after the lowest is
+deleted, however long ago the lake committed it. A peer away for long must not fill the disk
+forever: once the journal is over its budget (``journal_max_bytes``, ``journal_min_free_bytes``)
+the oldest segments the lake committed go even so (see broker_edge.durability), and each peer
+that had not acknowledged their records gives them up (dropped from its Unacked, counted in
+``publish/unacked_dropped``) with a ``peer_dropped`` event in the operator's ``$log`` naming the
+peer and the seqs.
 """
 
 from __future__ import annotations
@@ -839,6 +848,20 @@ class Unacked:
             data = self.frames.pop(seq, None)
             if data is not None:
                 self.bytes -= len(data)
+
+    def give_up(self, upto: int) -> int:
+        """Drop every frame at or below ``upto`` (the journal no longer holds them); how many."""
+        frames = self.frames
+        gone = 0
+        while frames:
+            seq, data = next(iter(frames.items()))
+            if seq > upto:
+                break
+            del frames[seq]
+            self.bytes -= len(data)
+            gone += 1
+        self.dropped += gone
+        return gone
 
     def acked(self, upto: int) -> int:
         """The highest seq at or below ``upto`` at or below which nothing waits here."""

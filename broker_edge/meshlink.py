@@ -442,6 +442,7 @@ class Mesh:
             self.filters_changed = True
         elif kind == mesh.ACK:
             self.unacked[node].ack(mesh.parse_ack(body))
+            self.tell_acked()
         elif kind != mesh.PING:
             raise MeshProtocolError(f"unexpected frame kind {kind}")
 
@@ -602,6 +603,26 @@ class Mesh:
                 link.send(data)
                 self.forwarded += 1
 
+    def tell_acked(self) -> None:
+        """Tell the journal what each peer acknowledged: retention keeps every record after
+        the lowest (broker_edge.mesh: "Retention"). A value told may only be too low (safe):
+        every seq a peer is due later is above it."""
+        journal = self.broker.journal
+        upto = journal.durable_seq
+        if self.pending:  # durable, and not yet in Unacked (_durable has not run)
+            upto = min(upto, self.pending[0] - 1)
+        journal.peer_acked = {node: u.acked(upto) for node, u in self.unacked.items()}
+
+    def gave_up(self, node: str, first: int, last: int) -> None:
+        """The journal, over its budget, removed records ``first..last`` that ``node`` had not
+        acknowledged: they are dropped for it, and the operator's ``$log`` says so."""
+        unacked = self.unacked.get(node)
+        dropped = unacked.give_up(last) if unacked is not None else 0
+        details = {"peer": node, "first": first, "last": last, "dropped": dropped}
+        self.broker.log(OPERATOR_TENANT, "peer_dropped", "", details, origin="journal")
+        self.broker.flush_dirty()
+        self.tell_acked()
+
     def covered(self, delivered: dict[str, int]) -> None:
         """A snapshot holding what was delivered from each origin up to ``delivered`` is
         durable: acknowledge what waited for it (on the origin's link, if it is up; if not,
@@ -671,6 +692,7 @@ class Mesh:
     def replayed_all(self) -> None:
         """The journal was replayed to its end."""
         self._replay_after.clear()
+        self.tell_acked()
 
     # -- sessions that move (see broker_edge.handover) -----------------------------------------
 

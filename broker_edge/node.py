@@ -241,6 +241,7 @@ class EdgeNode:
         """The edge's links (started once it serves): forwarding only when it has a token."""
         mesh = self.mesh = Mesh(broker, self.settings, self._link_token)
         mesh.durable_seq = lambda: committer.durable_seq
+        committer.on_peer_dropped = mesh.gave_up
         broker.link_acceptor = mesh.accept  # refuses every link while there is no token
         if linked:
             broker.mesh = mesh
@@ -332,6 +333,8 @@ class EdgeNode:
         interval = self.settings.state_snapshot_interval
         while True:
             await asyncio.sleep(HOUSEKEEPING_INTERVAL)
+            if self.mesh is not None:
+                self.mesh.tell_acked()  # what peers acknowledged moves on without ACKs too
             stale = committer.appended_seq > self._snapshot_seq and loop.time() - last >= interval
             # A peer's filters changed, or acks wait for a snapshot (broker_edge.mesh).
             mesh = self.mesh is not None and (self.mesh.filters_changed or bool(self.mesh.gate))

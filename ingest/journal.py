@@ -619,6 +619,11 @@ class JournalWriter:
         return self._failed
 
     @property
+    def segment_bytes(self) -> int:
+        """The size at which a segment is sealed and the next one started."""
+        return self._segment_bytes
+
+    @property
     def bytes_on_disk(self) -> int:
         """Bytes of every segment file of this node (the journal's share of the disk)."""
         return self._bytes
@@ -764,17 +769,19 @@ class JournalWriter:
         self._failed = None
         logger.warning("journal %s: recovered at durable seq %d", self._dir, self._durable_seq)
 
-    def remove_committed(self, committed_seq: int, min_age: float, now: float) -> list[Path]:
-        """Retention: delete the oldest sealed segments whose every record is at most
-        ``committed_seq`` and whose last write is at least ``min_age`` seconds before ``now``
-        (wall clock). Never the segment being written, never a record past ``committed_seq``
-        or past the durable seq. Returns the removed paths, oldest first.
+    def remove_committed(
+        self, committed_seq: int, min_age: float, now: float, count: int | None = None
+    ) -> list[Path]:
+        """Retention: delete the oldest sealed segments (at most ``count``) whose every record
+        is at most ``committed_seq`` and whose last write is at least ``min_age`` seconds before
+        ``now`` (wall clock). Never the segment being written, never a record past
+        ``committed_seq`` or past the durable seq. Returns the removed paths, oldest first.
         """
         committed = min(committed_seq, self._durable_seq)
         segments = list_segments(self._dir)
         removed: list[Path] = []
         for (_, path), (next_first, _) in itertools.pairwise(segments):
-            if path == self._path or next_first - 1 > committed:
+            if path == self._path or next_first - 1 > committed or len(removed) == count:
                 break  # the rest are newer: not committed yet either
             try:
                 st = os.stat(path)

@@ -38,6 +38,9 @@ LOG_EVENTS = frozenset(
         "link_up",
         "link_down",
         "link_refused",
+        # A journal over its disk budget removed records a peer had not acknowledged
+        # (broker_edge.durability): they are dropped for it.
+        "peer_dropped",
     }
 )
 

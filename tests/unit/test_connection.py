@@ -40,6 +40,7 @@ class FakeJournal:
         self.durable = 0
         self.waiters: list[tuple[int, Callable[[], None], Callable[[], None] | None]] = []
         self.lake_committed_seq = 0
+        self.peer_acked: dict[str, int] = {}
 
     FIELDS = ("ts_us", "tenant", "client_id", "topic", "qos", "retain", "payload")
 

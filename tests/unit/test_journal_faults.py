@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import itertools
 import os
 from pathlib import Path
 
@@ -358,6 +359,60 @@ def test_committer_applies_retention_from_the_lake_notice(tmp_path: Path) -> Non
         assert states[-1] == "ok"
         assert len(list_segments(tmp_path / NODE)) == 1
         assert committer.segments_removed >= 2
+        await committer.close()
+
+    asyncio.run(main())
+
+
+def test_retention_keeps_what_a_peer_has_not_acknowledged_until_the_budget_wins(
+    tmp_path: Path,
+) -> None:
+    """Records after a peer's acked position stay though the lake has them, until the journal
+    is over its budget: then the oldest go (with a segment to spare) and the loop is told the
+    seqs the peer gives up, once each."""
+
+    async def main() -> None:
+        writer = JournalWriter.open(tmp_path, NODE, segment_bytes=4096, fsync=False)
+        committer = GroupCommitter(writer, max_bytes=6 * 4096, retention_seconds=0)
+        dropped: list[tuple[str, int, int]] = []
+        told = asyncio.Event()
+
+        def on_peer_dropped(node: str, first: int, last: int) -> None:
+            dropped.append((node, first, last))
+            told.set()
+
+        committer.on_peer_dropped = on_peer_dropped
+        committer.peer_acked = {"far": 0, "near": 10**9}
+        committer.start()
+
+        async def fill(count: int) -> int:
+            seq = 0
+            for _ in range(count):  # one frame at a time, so the segments roll
+                seq = committer.append(seq, "acme", "c", "t", 1, False, b"x" * 200, None, ())
+                while committer.durable_seq < seq:
+                    await asyncio.sleep(0.001)
+            return seq
+
+        seq = await fill(12)  # a few segments: under budget
+        committer.lake_committed_seq = seq
+        removed = committer.segments_removed
+        await asyncio.sleep(2.5)  # two maintenance passes (every second)
+        assert committer.segments_removed == removed == 0  # "far" acknowledged none of them
+        assert not dropped
+        while committer.refusing == 0:
+            seq = await fill(1)
+            await asyncio.sleep(0.001)  # the full report comes after the commit's
+        committer.lake_committed_seq = seq
+        await asyncio.wait_for(told.wait(), 10)
+        while committer.refusing:
+            await asyncio.sleep(0.01)
+        assert committer.bytes_on_disk + 4096 < 6 * 4096  # a segment to spare
+        # Only the peer that had not acknowledged them, each seq once, up to what is left.
+        assert {node for node, _, _ in dropped} == {"far"}
+        assert dropped[0][1] == 1
+        for (_, _, last), (_, first, _) in itertools.pairwise(dropped):
+            assert first == last + 1
+        assert dropped[-1][2] == list_segments(tmp_path / NODE)[0][0] - 1
         await committer.close()
 
     asyncio.run(main())

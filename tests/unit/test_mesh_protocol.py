@@ -351,6 +351,18 @@ def test_unacked_is_bounded_and_acked_in_any_order() -> None:
     assert list(unacked.frames) == [6]
 
 
+def test_unacked_gives_up_what_the_journal_no_longer_holds() -> None:
+    unacked = Unacked()
+    for seq in (3, 5, 8):
+        unacked.add(seq, b"x" * 10)
+    assert unacked.give_up(2) == 0
+    assert unacked.give_up(6) == 2
+    assert (list(unacked.frames), unacked.bytes, unacked.dropped) == ([8], 10, 2)
+    assert unacked.acked(20) == 7
+    assert unacked.give_up(100) == 1
+    assert unacked.acked(20) == 20
+
+
 def test_dedup_drops_what_an_origin_sent_again_across_restarts_of_either_end() -> None:
     dedup = Dedup()
     assert [dedup.fresh("a", s) for s in (1, 3, 3, 2, 4)] == [True, True, False, False, True]
