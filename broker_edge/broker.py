@@ -393,6 +393,17 @@ class Broker:
             self.outbox.hold(conn)
         self._want_session_sync()
 
+    def log_peer_change(self, node: str, doc: dict[str, Any]) -> None:
+        """Append a change of a mesh peer's filters (an INTEREST frame's ``doc``): synced before
+        the report of any publish appended after it runs, so before its acknowledgement
+        (broker_edge.mesh: "Restarts")."""
+        session_log = self.session_log
+        if session_log is None:
+            return
+        seq = self.journal.appended_seq
+        session_log.append({"op": sessionlog.PEER, "seq": seq, "n": node, "i": doc})
+        self._want_session_sync()
+
     def _want_session_sync(self) -> None:
         if not self._session_sync_requested:
             self._session_sync_requested = True

@@ -95,24 +95,27 @@ so after them), and a peer that held the session closes its connection and hands
 :data:`SESSION` frames on the link its own publishes take, keeping it until the claimer's
 :data:`TAKEN` says a durable snapshot holds it; the last CONNECT wins.
 
-Restarts (the journal is the replication log). Each state snapshot of an edge (``store``) holds
-its :class:`MeshState`: per peer, the filters it holds and ``acked``, the highest seq at or
-below which the peer acknowledged every QoS 1/2 message it was due; and per origin, the highest
-seq delivered here. An origin that restarts (a crash included) takes its peers' filters back and
-rebuilds each peer's Unacked from its journal: every QoS 1/2 record after ``acked`` that matches
-them (what the peer had since is dropped by its Dedup; beyond Unacked's bound the oldest are
-given up and counted, as for a peer away too long; records retention removed are gone, and
-logged). A snapshot follows a change of a peer's filters within a second or two, so an origin's
-crash can miss only what matched a filter told that shortly before it and was not yet
-acknowledged. The journal is read from the oldest peer's ``acked`` at start: a peer away for
-long (or gone for good) makes that read long. A receiver acknowledges a QoS 1/2 message at once
-when no persistent session took it (a clean session does not outlive a restart anyway), else
+Restarts (the journal is the replication log). Each state snapshot of an edge (``store``) holds its
+:class:`MeshState`: per peer, the filters it holds and ``acked``, the highest seq at or below which
+the peer acknowledged every QoS 1/2 message it was due; and per origin, the highest seq delivered
+here. An origin that restarts (a crash included) takes its peers' filters back and rebuilds each
+peer's Unacked from its journal: every QoS 1/2 record after ``acked`` that matches them (what the
+peer had since is dropped by its Dedup; beyond Unacked's bound the oldest are given up and counted,
+as for a peer away too long; records retention removed are gone, and logged). A snapshot follows a
+change of a peer's filters within a second or two; until then the change is in the session log
+(:mod:`broker_edge.sessionlog`, ``{"op": "peer"}`` with the seq of the last journal record before
+it), synced before any publish read after it is acknowledged (its sync is queued on the loop before
+the journal's report of that publish), and applied at restore before the records after that seq are
+replayed: an origin killed a moment after a peer told it a new filter still sends that peer every
+message it acknowledged since. The journal is read from the oldest peer's ``acked`` at start: a peer
+away for long (or gone for good) makes that read long. A receiver acknowledges a QoS 1/2 message at
+once when no persistent session took it (a clean session does not outlive a restart anyway), else
 only once a snapshot holding its sessions with the message in them, and its Dedup past it, is
 durable (:class:`AckGate`; the edge snapshots every second while acks wait): a receiver killed
-before that has not acknowledged it, so its origin sends it again and the restored Dedup, older
-than the message, lets it through. The WELCOME carries the origin's newest durable seq: a
-receiver whose Dedup is past it (the origin's journal started over) forgets that origin's seqs.
-Each end's promise is only as durable as its journal and snapshot (``edge.journal_fsync``).
+before that has not acknowledged it, so its origin sends it again and the restored Dedup, older than
+the message, lets it through. The WELCOME carries the origin's newest durable seq: a receiver whose
+Dedup is past it (the origin's journal started over) forgets that origin's seqs. Each end's promise
+is only as durable as its journal and snapshot (``edge.journal_fsync``).
 
 Retention (issue 9) keeps the journal for the peers: the origin tells its journal each peer's
 ``acked`` (on every ACK and every second) and no segment holding a record after the lowest is
@@ -430,6 +433,17 @@ def interest_frame(
     if sdel:
         doc["sdel"] = sdel
     return frame(INTEREST, _json(doc))
+
+
+def interest_doc(change: InterestChange) -> dict[str, object]:
+    """An INTEREST frame's body as a JSON document (what :func:`parse_interest` reads)."""
+    return {
+        "t": change.tenant,
+        "add": change.add,
+        "del": change.remove,
+        "sset": [list(share) for share in change.shares],
+        "sdel": [list(share) for share in change.unshared],
+    }
 
 
 def parse_interest(body: bytes) -> InterestChange:
@@ -1065,6 +1079,7 @@ __all__ = [
     "Unacked",
     "frame",
     "goes_to",
+    "interest_doc",
     "publish_frame",
     "reach",
     "retained_frame",

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import random
 import typing
@@ -37,6 +38,7 @@ from broker_edge.mesh import (
     Interest,
     MeshProtocolError,
     MeshState,
+    MeshStateError,
     PeerRoutes,
     PeerState,
     Unacked,
@@ -437,6 +439,9 @@ class Mesh:
             routes.apply(change.tenant, change.add, change.remove)
             routes.apply_shares(change.tenant, change.shares, change.unshared)
             self.filters_changed = True
+            # Durable before any publish read after it is acknowledged (broker_edge.mesh:
+            # "Restarts"): an origin killed before its next snapshot still knows the filter.
+            self.broker.log_peer_change(node, mesh.interest_doc(change))
         elif kind == mesh.SYNCED:
             self.routes[node].end()
             self.filters_changed = True
@@ -688,6 +693,22 @@ class Mesh:
         for node, data in _frames(message, nodes, given).items():
             self.unacked[node].add(message.seq, data)
             self.replayed += 1
+
+    def restore_change(self, node: str, seq: int, doc: dict[str, Any]) -> None:
+        """A change of ``node``'s filters the session log holds (told after the snapshot, after
+        journal record ``seq``): in force for the replay of the records after it."""
+        try:
+            change = mesh.parse_interest(json.dumps(doc).encode())
+            routes = self.routes.get(node)
+            if routes is None:  # a peer the snapshot did not know yet
+                routes = self.routes[node] = PeerRoutes()
+                self.unacked[node] = Unacked()
+                self._replay_after[node] = seq
+            routes.apply(change.tenant, change.add, change.remove)
+            routes.apply_shares(change.tenant, change.shares, change.unshared)
+        except MeshProtocolError as exc:
+            raise MeshStateError(f"session log: peer {node!r}: {exc}") from exc
+        self.filters_changed = True  # the next snapshot holds it
 
     def replayed_all(self) -> None:
         """The journal was replayed to its end."""

@@ -295,18 +295,19 @@ class EdgeNode:
         if last_seq > start:
             for row in reader.read_records(start, last_seq):  # without pyarrow (issue 9)
                 message = _message_from_row(row, settings.node_id)
+                # Changes are logged after the snapshot: none comes before a record it holds.
+                while change is not None and change["seq"] < row["seq"]:
+                    _apply_change(broker, mesh, change, now)
+                    change = next(pending, None)
                 mesh.replay(message)
                 if message.seq <= after:
                     continue  # before the snapshot: only peers may still be due it
-                while change is not None and change["seq"] < row["seq"]:
-                    broker.apply_session_record(change, now)
-                    change = next(pending, None)
                 broker.replay(message)
                 replayed += 1
-        mesh.replayed_all()
         while change is not None:
-            broker.apply_session_record(change, now)
+            _apply_change(broker, mesh, change, now)
             change = next(pending, None)
+        mesh.replayed_all()
         self._snapshot_seq = last_seq
         log.info(
             "restored %d persistent session(s), %d retained message(s); replayed %d journal "
@@ -572,6 +573,14 @@ def _message_from_row(row: dict[str, Any], node: str) -> Message:
         row["seq"],
         node,
     )
+
+
+def _apply_change(broker: Broker, mesh: Mesh, change: dict[str, Any], now: float) -> None:
+    """One session log record at restore: a session's change, or a mesh peer's."""
+    if change["op"] == sessionlog.PEER:
+        mesh.restore_change(str(change["n"]), int(change["seq"]), change["i"])
+    else:
+        broker.apply_session_record(change, now)
 
 
 def _available(reader: JournalReader, start: int, after: int) -> int:

@@ -8,6 +8,9 @@ persistent session (opened with its expiry, subscribed, unsubscribed, dropped) i
 one JSON line, and the broker holds back the connection's output (its CONNACK or SUBACK) until
 the log is synced; one sync covers every change of a loop iteration.
 
+The mesh's origin side logs here too: a peer's change of filters (``{"op": "peer"}``), so an
+edge killed before its next snapshot still knows what its peers want (broker_edge.mesh).
+
 Each record carries ``seq``, the last journal seq appended when the change was made, so the
 restore can interleave the log with the journal replay: a record with seq ``s`` is applied
 before journal record ``s + 1``. A message published before a subscription is thus never queued
@@ -85,6 +88,9 @@ def read(directory: Path, since: int) -> Iterator[dict[str, Any]]:
 
 
 CUT = "cut"  # the op of a journal cut-back record (no session: never applied itself)
+# The op of a mesh peer's change of filters (broker_edge.mesh: "Restarts"): ``n`` the peer's
+# node, ``i`` its INTEREST frame's document; applied to the mesh's routes, not to a session.
+PEER = "peer"
 
 
 def cut_back(records: Iterator[dict[str, Any]]) -> list[dict[str, Any]]:
