@@ -20,6 +20,11 @@ in this order:
    commits. Spark's Delta also writes one every ten commits by itself, and deletes JSON commits
    older than ``delta.logRetentionDuration`` when it does.
 
+Each step a table does not need is skipped (:func:`pending_work`: the log, the file listing
+and ``_last_checkpoint`` say so without a Spark job): on a small table each step costs seconds
+of the driver's planning even when it changes nothing, and quiet tables are maintained every
+interval all the same.
+
 Concurrency: the streams commit while this runs. Appends and a compaction never conflict; an
 upsert (``usage``) and a compaction of the same files do, and whichever loses retries
 (:meth:`~sinks.delta.DeltaTableWriter.replace` plans the upsert again; here, the next run).
@@ -78,28 +83,87 @@ def maintain_table(
         raise ValueError(f"vacuum_retention_hours must be >= 0, got {vacuum_retention_hours}")
     target = spark_uri(path)
     try:
+        work = pending_work(spark, path, vacuum_retention_hours)
+        if not work:
+            logger.debug("%s: compacted, vacuumed and checkpointed already", target)
+            return MaintenanceReport(
+                target, work.version, work.version, 0, 0, 0, 0, vacuum_retention_hours
+            )
         table = SparkDeltaTable.forPath(spark, target)
-        before = _version(table)
-        repaired = repair_physical_types(spark, path)
-        metrics = table.optimize().executeCompaction().select("metrics").first()
-        compacted = metrics["metrics"] if metrics is not None else None
-        table.vacuum(vacuum_retention_hours)
+        repaired = repair_physical_types(spark, path, work.repair)
+        removed = added = 0
+        if work.compact or repaired:
+            metrics = table.optimize().executeCompaction().select("metrics").first()
+            if metrics is not None:
+                removed = int(metrics["metrics"]["numFilesRemoved"])
+                added = int(metrics["metrics"]["numFilesAdded"])
+        vacuumed = 0
+        # Files this run removed are due at once only with no retention at all.
+        if work.vacuum or ((removed or repaired) and vacuum_retention_hours == 0):
+            table.vacuum(vacuum_retention_hours)
+            vacuumed = _vacuumed(table)
         _checkpoint(spark, target)
-        after = _version(table)
-        vacuumed = _vacuumed(table)
+        after = open_delta(path).version()
     except DeltaSinkError:
         raise
     except Exception as exc:  # py4j and Delta raise many types; the message says which
         raise DeltaSinkError(f"{target}: maintenance failed: {exc}") from exc
     return MaintenanceReport(
         path=target,
-        version_before=before,
+        version_before=work.version,
         version_after=after,
         partitions_repaired=repaired,
-        files_removed=int(compacted["numFilesRemoved"]) if compacted is not None else 0,
-        files_added=int(compacted["numFilesAdded"]) if compacted is not None else 0,
+        files_removed=removed,
+        files_added=added,
         vacuumed_files=vacuumed,
         vacuum_retention_hours=vacuum_retention_hours,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """What :func:`maintain_table` has to do to a table at ``version`` (false: nothing)."""
+
+    version: int
+    repair: Mapping[str, Partition]  # view-typed files (:func:`view_typed_files`)
+    compact: bool  # a partition holds two or more files below OPTIMIZE's minimum size
+    vacuum: bool  # a file is due for deletion (removed, or never committed, and old enough)
+    checkpoint: bool  # the newest version has no checkpoint
+
+    def __bool__(self) -> bool:
+        return bool(self.repair) or self.compact or self.vacuum or self.checkpoint
+
+
+def pending_work(spark: SparkSession, path: LakePath | str, vacuum_retention_hours: float) -> Work:
+    """What maintaining the table at ``path`` would change, from its log and file listing
+    (delta-rs and Delta's ``_last_checkpoint``: no Spark job). Each step a table does not need
+    is skipped: on a small table each costs seconds of the driver's planning even when it does
+    nothing, and a lake of quiet tables is maintained every interval."""
+    delta = open_delta(path)
+    version = delta.version()
+    actions = pa.table(delta.get_add_actions(flatten=True))
+    columns = delta.metadata().partition_columns
+    small = int(spark.conf.get("spark.databricks.delta.optimize.minFileSize", str(1 << 30)) or 0)
+    sizes = actions.column("size_bytes").to_pylist()
+    keys = zip(*(actions.column(f"partition.{name}").to_pylist() for name in columns), strict=True)
+    per_partition: dict[tuple[Any, ...], int] = {}
+    for key, size in zip(keys if columns else ((),) * len(sizes), sizes, strict=True):
+        if size < small:
+            per_partition[key] = per_partition.get(key, 0) + 1
+    # A whole number of hours at most the retention: every file due now is in the list.
+    due = delta.vacuum(
+        int(vacuum_retention_hours), dry_run=True, enforce_retention_duration=False, full=True
+    )
+    jvm = spark._jvm
+    assert jvm is not None
+    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, spark_uri(path))
+    last = log.readLastCheckpointFile()
+    return Work(
+        version=version,
+        repair=view_typed_files(path),
+        compact=any(count > 1 for count in per_partition.values()),
+        vacuum=bool(due),
+        checkpoint=not last.isDefined() or last.get().version() < version,
     )
 
 
@@ -125,14 +189,17 @@ def view_typed_files(path: LakePath | str) -> dict[str, Partition]:
     return found
 
 
-def repair_physical_types(spark: SparkSession, path: LakePath | str) -> int:
-    """Rewrite every partition holding a view-typed file (:func:`view_typed_files`) with
-    Spark's Delta; the number of partitions rewritten. Rows and versions' data are unchanged
-    (``dataChange = false``); the old files go at the next vacuum."""
+def repair_physical_types(
+    spark: SparkSession, path: LakePath | str, found: Mapping[str, Partition] | None = None
+) -> int:
+    """Rewrite every partition holding a view-typed file (``found``, else
+    :func:`view_typed_files`) with Spark's Delta; the number of partitions rewritten. Rows and
+    versions' data are unchanged (``dataChange = false``); the old files go at the next
+    vacuum."""
     target = spark_uri(path)
-    partitions = {
-        tuple(sorted(values.items())): values for values in view_typed_files(path).values()
-    }
+    if found is None:
+        found = view_typed_files(path)
+    partitions = {tuple(sorted(values.items())): values for values in found.values()}
     for values in partitions.values():
         where = " AND ".join(f"`{name}` = {_literal(value)}" for name, value in values.items())
         rows = spark.read.format("delta").load(target)
@@ -170,11 +237,6 @@ def _checkpoint(spark: SparkSession, path: str) -> None:
     or SQL API has it)."""
     delta_log = spark._jvm.org.apache.spark.sql.delta.DeltaLog  # type: ignore[union-attr]
     delta_log.forTable(spark._jsparkSession, path).checkpoint()
-
-
-def _version(table: Any) -> int:
-    row = table.history(1).select("version").first()
-    return int(row["version"]) if row is not None else -1
 
 
 def _vacuumed(table: Any) -> int:

@@ -91,11 +91,9 @@ def test_a_standalone_cluster_reads_two_edges_over_http(
     cluster.kill_worker(0)
     assert survived.wait(600) == 0, log.read_text()[-3000:]
     assert read_table(lake / "messages", columns=["seq"]).num_rows == sum(map(len, sent.values()))
-    # The last run finds nothing new and writes nothing twice.
-    done = subprocess.run(
-        command, capture_output=True, text=True, timeout=600, check=False, cwd=workdir
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    # A run after these would find nothing new: test_edge_to_delta runs one (an application's
+    # start on this cluster is a minute and a half, and a run's exactly-once does not depend on
+    # where its tasks run). The pipeline never made a journal of its own.
     assert not (workdir / "data").exists()
     rows = read_table(lake / "messages", columns=["node", "seq", "payload"]).to_pylist()
     assert len({(r["node"], r["seq"]) for r in rows}) == len(rows)

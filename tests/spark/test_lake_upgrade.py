@@ -26,7 +26,7 @@ from pyspark.sql import SparkSession
 
 from ingest.journal import JournalWriter
 from sinks.delta import read_table
-from sinks.maintenance import maintain_table, view_typed_files
+from sinks.maintenance import maintain_table, pending_work, view_typed_files
 from streaming import pipeline
 from streaming.settings import PipelineSettings
 
@@ -132,6 +132,13 @@ def test_compaction_leaves_one_file_per_partition_and_every_row_once(
     assert len(DeltaTable(str(messages)).file_uris()) == len(partitions)
     assert identities(settings, "messages") == before
     assert any((messages / "_delta_log").glob("*.checkpoint.parquet"))
+    # Maintained: nothing left to do, and nothing is done (no commit, not even a VACUUM's).
+    commits = sorted((messages / "_delta_log").glob("*.json"))
+    assert not pending_work(edgebus_spark, messages, 168)
+    again = maintain_table(edgebus_spark, messages, vacuum_retention_hours=168)
+    assert (again.version_before, again.version_after) == (report.version_after,) * 2
+    assert (again.files_removed, again.vacuumed_files) == (0, 0)
+    assert sorted((messages / "_delta_log").glob("*.json")) == commits
 
 
 def test_vacuum_keeps_removed_files_exactly_as_long_as_the_retention_says(
@@ -150,10 +157,17 @@ def test_vacuum_keeps_removed_files_exactly_as_long_as_the_retention_says(
     SparkDeltaTable.forPath(edgebus_spark, str(logs)).optimize().executeCompaction()
     replaced = on_disk() - live()
     assert replaced  # compacted: the files it replaced are still there
+    # A file no commit names (a write that died before its commit) goes too, once as old.
+    partition = next(iter(live()))
+    orphan = next(logs.rglob(partition)).with_name("part-orphan.snappy.parquet")
+    orphan.write_bytes(next(logs.rglob(partition)).read_bytes())
+    assert pending_work(edgebus_spark, logs, 168).vacuum is False  # younger than 168 h
     time.sleep(2.5)
+    assert pending_work(edgebus_spark, logs, 2 / 3600).vacuum
     report = maintain_table(edgebus_spark, logs, vacuum_retention_hours=2 / 3600)  # 2 s
-    assert report.vacuumed_files == len(replaced)
+    assert report.vacuumed_files == len(replaced) + 1
     assert on_disk() == live()
+    assert not orphan.exists()
 
 
 def test_edgebus_maintain_repairs_a_lake_once_as_a_command(

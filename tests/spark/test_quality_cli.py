@@ -1,4 +1,5 @@
-"""``edgebus quality`` over results that real quality runs wrote into a small lake."""
+"""Two real quality runs over a small lake, one that keeps every expectation and one that
+breaks some: what each finds, and what ``edgebus quality`` shows of them."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import datetime as dt
 import json
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -17,18 +19,25 @@ from edgebus import cli
 from schemas.expectations import build_suite
 from schemas.quality import QUALITY_RESULTS_TABLE
 from schemas.tables import TABLES
-from streaming.quality import run_quality
+from streaming.quality import QualityResult, run_quality
 
 LATER = NOW + dt.timedelta(minutes=10)
 
 
+@dataclass(frozen=True, slots=True)
+class Runs:
+    lake: Path
+    good: list[QualityResult]  # run 0
+    bad: list[QualityResult]  # run 1
+
+
 @pytest.fixture(scope="module")
-def lake(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def runs(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Runs:
     """Run 0 over tables that keep every expectation; run 1, ten minutes later, after they were
     replaced by tables that break some."""
     lake = tmp_path_factory.mktemp("quality") / "lake"
     good_lake(lake)
-    run_quality(spark, lake, now=NOW)
+    good = run_quality(spark, lake, now=NOW)
     for table in TABLES:
         if table != QUALITY_RESULTS_TABLE:
             shutil.rmtree(lake / table, ignore_errors=True)
@@ -36,8 +45,13 @@ def lake(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Path:
     # (only tests do that) must not be read through the old one.
     spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
     bad_lake(lake)
-    run_quality(spark, lake, now=LATER)
-    return lake
+    bad = run_quality(spark, lake, now=LATER)
+    return Runs(lake, good, bad)
+
+
+@pytest.fixture
+def lake(runs: Runs) -> Path:
+    return runs.lake
 
 
 pytestmark = pytest.mark.spark
@@ -47,6 +61,54 @@ def quality(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, s
     code = cli.main(["quality", *argv])
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def failures(results: list[QualityResult]) -> dict[tuple[str, str, str | None], QualityResult]:
+    return {(r.table, r.expectation, r.columns): r for r in results if not r.success}
+
+
+def test_a_lake_that_keeps_every_expectation_passes(runs: Runs) -> None:
+    results = runs.good
+
+    assert {r.table for r in results} == {"messages", "logs", "usage", "quota_events"}
+    assert failures(results) == {}
+    by_table = {
+        r.table: r for r in results if r.expectation == "expect_column_values_to_not_be_null"
+    }
+    assert by_table["messages"].element_count == 5
+    assert all(r.error is None and r.observed is None for r in results)
+
+
+def test_broken_rows_are_reported_with_counts_and_observed_values(runs: Runs) -> None:
+    found = failures(runs.bad)
+
+    assert set(found) == {
+        ("messages", "expect_compound_columns_to_be_unique", "node, seq"),
+        ("messages", "expect_column_values_to_be_in_set", "qos"),
+        ("messages", "expect_column_values_to_not_match_regex", "topic"),
+        ("logs", "expect_column_values_to_be_in_set", "event_type"),
+        ("usage", "expect_column_pair_values_a_to_be_greater_than_b", "day_value, value"),
+        ("quota_events", "expect_column_values_to_be_in_set", "state"),
+    }
+    unique = found["messages", "expect_compound_columns_to_be_unique", "node, seq"]
+    # Both rows of the duplicate count; the row 5 days old (qos 7) is outside the window.
+    assert (unique.unexpected_count, unique.element_count) == (2, 7)
+    assert json.loads(unique.observed or "") == [{"value": ["edge-a", 2], "count": 2}]
+    qos = found["messages", "expect_column_values_to_be_in_set", "qos"]
+    assert qos.unexpected_count == 2
+    assert json.loads(qos.observed or "") == [{"value": 3, "count": 2}]
+    assert json.loads(qos.kwargs or "") == {"value_set": [0, 1, 2]}
+    # The invalid log row ("bogus", payload_valid false) is not held to the known events.
+    event = found["logs", "expect_column_values_to_be_in_set", "event_type"]
+    assert (event.unexpected_count, event.element_count) == (1, 2)
+    assert json.loads(event.observed or "") == [{"value": "teleport", "count": 1}]
+    assert json.loads(event.kwargs or "")["row_condition"] == "payload_valid == true"
+    state = found["quota_events", "expect_column_values_to_be_in_set", "state"]
+    assert state.unexpected_count == 1
+    assert json.loads(state.observed or "") == [{"value": "melting", "count": 1}]
+    day = found["usage", "expect_column_pair_values_a_to_be_greater_than_b", "day_value, value"]
+    assert day.unexpected_count == 1
+    assert json.loads(day.observed or "") == [{"value": [4, 5], "count": 1}]
 
 
 def test_the_latest_run_per_table_with_its_failed_expectations(
