@@ -8,7 +8,8 @@ uvloop's) own TLS protocol, and its outcome comes back to us as the coroutine's 
 success the protocol made by the listener's factory (an MQTT or WebSocket protocol) gets the TLS
 transport and never sees the handshake; on failure (a plain-TCP client, a bad or missing client
 certificate, no common TLS version, a timeout) the socket is closed and ``refused(peer, reason)``
-is called, which logs one line and publishes one ``tls_handshake_failed`` log event.
+is called, which logs one line and publishes one ``tls_handshake_failed`` log event (within the
+limits of :mod:`broker_edge.refusals`: a scanner's thousands are summed up in one).
 
 Accepting with ``create_server(ssl=...)`` would do the handshake too, but its failures are only
 visible as the event loop's debug logging: no peer, no reason, no event. Handshake errors never
