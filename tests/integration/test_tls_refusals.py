@@ -15,6 +15,7 @@ from conftest import TIMEOUT, RunningEdge
 from bench.certs import Certs, make_certs
 from broker_edge.codec import encode
 from broker_edge.packets import Connect, ProtocolVersion
+from ingest.journal import JournalReader
 
 OPERATOR = "op-token"
 SCANS = 200
@@ -29,8 +30,7 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
     return make_certs(tmp_path_factory.mktemp("certs"))
 
 
-@pytest.fixture
-def edge(make_edge: Any, tenants_file: Path, certs: Certs) -> RunningEdge:
+def _edge(make_edge: Any, tenants_file: Path, certs: Certs, interval: float) -> RunningEdge:
     running: RunningEdge = make_edge(
         tenants_file,
         listen_tls="127.0.0.1:0",
@@ -39,9 +39,14 @@ def edge(make_edge: Any, tenants_file: Path, certs: Certs) -> RunningEdge:
         journal_fsync=False,
         tls_refusals_per_source=PER_SOURCE,
         tls_refusals_per_listener=PER_LISTENER,
-        tls_refusal_interval=1.0,
+        tls_refusal_interval=interval,
     )
     return running
+
+
+@pytest.fixture
+def edge(make_edge: Any, tenants_file: Path, certs: Certs) -> RunningEdge:
+    return _edge(make_edge, tenants_file, certs, 1.0)
 
 
 def _scan(port: int, source: str) -> None:
@@ -97,3 +102,27 @@ def test_a_scanner_gets_a_bounded_number_of_events_and_a_summary(
     good.subscribe("fleet/#", qos=1)
     good.publish("fleet/x", b"still serving", qos=1)
     assert good.get().payload == b"still serving"
+
+
+def test_what_a_window_held_back_is_journaled_when_the_edge_stops(
+    make_edge: Any, tenants_file: Path, certs: Certs
+) -> None:
+    edge = _edge(make_edge, tenants_file, certs, 3600.0)  # the window never ends by itself
+    for _ in range(PER_SOURCE + 4):
+        _scan(edge.node.ports["tls"], SOURCES[0])
+    edge.stop()
+    journal = JournalReader(edge.settings.journal_root / edge.settings.node_id)
+    events = [
+        json.loads(record["payload"])
+        for record in journal.read_records(0, journal.last_seq())
+        if record["topic"].startswith("$log/tls/")
+    ]
+    assert [e["event"] for e in events] == ["tls_handshake_failed"] * PER_SOURCE + [
+        "tls_handshake_failures_suppressed"
+    ]
+    assert events[-1]["details"] == {
+        "listener": "tls",
+        "suppressed": 4,
+        "sources": 1,
+        "interval": 3600.0,
+    }
