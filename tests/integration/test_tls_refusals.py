@@ -1,10 +1,12 @@
 """A scanner on the TLS port (broker_edge.refusals): real sockets send plain TCP to it; the
 operator's ``$log`` gets at most the limits' worth of ``tls_handshake_failed`` events per window
-and one ``tls_handshake_failures_suppressed`` summary for the rest, and the edge keeps serving."""
+and one ``tls_handshake_failures_suppressed`` summary for the rest, and the edge keeps serving.
+Refused WebSocket upgrades get as many log lines, and one for the rest."""
 
 from __future__ import annotations
 
 import json
+import logging
 import socket
 from pathlib import Path
 from typing import Any
@@ -34,12 +36,13 @@ def _edge(make_edge: Any, tenants_file: Path, certs: Certs, interval: float) -> 
     running: RunningEdge = make_edge(
         tenants_file,
         listen_tls="127.0.0.1:0",
+        listen_ws="127.0.0.1:0",
         tls_cert=str(certs.server_cert),
         tls_key=str(certs.server_key),
         journal_fsync=False,
-        tls_refusals_per_source=PER_SOURCE,
-        tls_refusals_per_listener=PER_LISTENER,
-        tls_refusal_interval=interval,
+        handshake_refusals_per_source=PER_SOURCE,
+        handshake_refusals_per_listener=PER_LISTENER,
+        handshake_refusal_interval=interval,
     )
     return running
 
@@ -126,3 +129,32 @@ def test_what_a_window_held_back_is_journaled_when_the_edge_stops(
         "sources": 1,
         "interval": 3600.0,
     }
+
+
+def test_refused_websocket_upgrades_get_a_bounded_number_of_log_lines(
+    make_edge: Any, tenants_file: Path, certs: Certs, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="broker_edge.node")
+    edge = _edge(make_edge, tenants_file, certs, 3600.0)
+    request = (
+        b"GET /nope HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: MDEyMzQ1Njc4OWFiY2RlZg==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    for _ in range(PER_SOURCE + 5):
+        with socket.create_connection(("127.0.0.1", edge.node.ports["ws"]), TIMEOUT) as sock:
+            sock.sendall(request)
+            answer = b""
+            while chunk := sock.recv(65_536):
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 404 "), answer
+    lines = [r.getMessage() for r in caplog.records if "WebSocket upgrade" in r.getMessage()]
+    assert len(lines) == PER_SOURCE, lines
+    assert all(line.startswith("ws: refusing WebSocket upgrade from 127.0.0.1:") for line in lines)
+    edge.stop()
+    summaries = [r.getMessage() for r in caplog.records if "more refused" in r.getMessage()]
+    assert summaries == [
+        "ws: 5 more refused WebSocket upgrades from 1 sources in 3600 s not logged"
+    ]
+    journal = JournalReader(edge.settings.journal_root / edge.settings.node_id)
+    topics = [r["topic"] for r in journal.read_records(0, journal.last_seq())]
+    assert not [t for t in topics if t.startswith("$log/tls/")]  # upgrades are not TLS events
