@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import socket
 import ssl
@@ -30,6 +31,7 @@ from broker_edge.meshlink import Mesh
 from broker_edge.message import Message
 from broker_edge.metrics import Snapshot, exposition
 from broker_edge.packets import QoS, ReasonCode
+from broker_edge.refusals import RefusalLimiter
 from broker_edge.settings import EdgeSettings
 from broker_edge.sysstats import SysTree, installed_version, sample
 from broker_edge.tenants import OPERATOR_TENANT
@@ -43,6 +45,8 @@ from schemas.operator_token import OperatorTokenError
 log = logging.getLogger(__name__)
 
 HOUSEKEEPING_INTERVAL = 1.0
+# The refusal limiter's key of a listener's WebSocket upgrades (its TLS handshakes are its kind).
+UPGRADE = " upgrade"
 # How long an HTTP worker waits for the loop to read the broker's numbers (/metrics, /readyz).
 LOOP_READ_TIMEOUT = 5.0
 _T = TypeVar("_T")
@@ -66,6 +70,12 @@ class EdgeNode:
         self.ports: dict[str, int] = {}
         self._servers: list[asyncio.Server] = []
         self._handshakes: Handshakes | None = None
+        self._refusals = RefusalLimiter(
+            settings.handshake_refusals_per_source,
+            settings.handshake_refusals_per_listener,
+            settings.handshake_refusal_interval,
+        )
+        self._refusals_due: asyncio.TimerHandle | None = None
         self._committer: GroupCommitter | None = None
         # The broker's tick (keepalives, wills, expiry, rate limits): see _wake_at.
         self._tick_handle: asyncio.TimerHandle | None = None
@@ -218,8 +228,10 @@ class EdgeNode:
         def mqtt() -> asyncio.Protocol:
             return MqttProtocol(broker, loop)
 
+        refused = functools.partial(self._upgrade_refused, kind)
+
         def websocket() -> asyncio.Protocol:
-            return WebSocketProtocol(loop, mqtt, self.settings.connect_timeout)
+            return WebSocketProtocol(loop, mqtt, self.settings.connect_timeout, refused)
 
         inner = websocket if kind in ("ws", "wss") else mqtt
         if kind in ("tls", "wss"):
@@ -228,13 +240,62 @@ class EdgeNode:
         return inner
 
     def _tls_refused(self, listener: str, peer: str, reason: str) -> None:
-        """A TLS handshake failed: one log line, one event in the operator's ``$log``."""
+        """A TLS handshake failed: one log line, one event in the operator's ``$log``; past
+        the limits (broker_edge.refusals) only counted, for the window's summary."""
+        if not self._admit(listener, peer):
+            return
         log.warning("%s: TLS handshake with %s failed: %s", listener, peer, reason)
+        details = {"listener": listener, "peer": peer, "reason": reason[:300]}
+        self._operator_event("tls_handshake_failed", details)
+
+    def _upgrade_refused(self, listener: str, peer: str, why: str) -> None:
+        """A WebSocket upgrade was refused: one log line, within the same limits (counted
+        apart from the listener's TLS handshakes)."""
+        if self._admit(listener + UPGRADE, peer):
+            log.info("%s: refusing WebSocket upgrade from %s: %s", listener, peer, why)
+
+    def _admit(self, listener: str, peer: str) -> bool:
+        """Whether to report this refusal (see broker_edge.refusals); opens the window."""
+        loop = asyncio.get_running_loop()
+        refusals = self._refusals
+        opening = refusals.window_end is None
+        reported = refusals.admit(listener, peer.rpartition(":")[0], loop.time())
+        if opening and refusals.window_end is not None:
+            self._refusals_due = loop.call_at(refusals.window_end, self._refusals_window_ended)
+        return reported
+
+    def _refusals_window_ended(self) -> None:
+        self._refusals_due = None
+        for held in self._refusals.close_window():
+            if held.listener.endswith(UPGRADE):
+                log.info(
+                    "%s: %d more refused WebSocket upgrades from %d sources in %g s not logged",
+                    held.listener.removesuffix(UPGRADE),
+                    held.count,
+                    held.sources,
+                    held.interval,
+                )
+                continue
+            log.warning(
+                "%s: %d more failed TLS handshakes from %d sources in %g s not logged",
+                held.listener,
+                held.count,
+                held.sources,
+                held.interval,
+            )
+            details = {
+                "listener": held.listener,
+                "suppressed": held.count,
+                "sources": held.sources,
+                "interval": held.interval,
+            }
+            self._operator_event("tls_handshake_failures_suppressed", details)
+
+    def _operator_event(self, event: str, details: dict[str, Any]) -> None:
         broker = self.broker
         if broker is None:
             return
-        details = {"listener": listener, "peer": peer, "reason": reason[:300]}
-        broker.log(OPERATOR_TENANT, "tls_handshake_failed", "", details, origin="tls")
+        broker.log(OPERATOR_TENANT, event, "", details, origin="tls")
         broker.flush_dirty()
 
     def _make_mesh(self, broker: Broker, committer: GroupCommitter, linked: bool) -> Mesh:
@@ -520,6 +581,9 @@ class EdgeNode:
             server.close()
         if self._handshakes is not None:
             self._handshakes.close()
+        if self._refusals_due is not None:  # what the window held back, said before the end
+            self._refusals_due.cancel()
+            self._refusals_window_ended()
         if self.broker is not None:
             self.broker.wake_at = _no_wake  # what closing the clients makes due never runs
         if self._tick_handle is not None:

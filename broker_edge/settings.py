@@ -96,6 +96,16 @@ class EdgeSettings:
     tls_cert: str = ""
     tls_key: str = ""
     tls_cafile: str = ""
+    # Failed TLS handshakes reported (a log line and a tls_handshake_failed event each) per
+    # window of handshake_refusal_interval seconds: at most this many from one source address,
+    # and this many on one listener; the rest are only counted, and the window's end reports
+    # them in one tls_handshake_failures_suppressed event per listener (broker_edge.refusals).
+    # A scanner on the TLS port then costs the journal a bounded number of events a minute, not
+    # one per connection (EMQX throttles its log the same way, over one minute). Refused
+    # WebSocket upgrades (a log line each) are limited alike, counted apart.
+    handshake_refusals_per_source: int = 10
+    handshake_refusals_per_listener: int = 100
+    handshake_refusal_interval: float = 60.0
     # The edge mesh (broker_edge.mesh): HOST:PORT (the MQTT port) of every other edge; each is
     # dialed and redialed with backoff. Empty: a single edge.
     peers: tuple[str, ...] = ()
@@ -169,6 +179,8 @@ class EdgeSettings:
             "max_deliveries_per_turn",
             "max_topic_levels",
             "max_subscriptions_per_client",
+            "handshake_refusals_per_source",
+            "handshake_refusals_per_listener",
         ):
             value = getattr(self, key)
             _require(value >= 1, f"edge.{key}", f"must be >= 1, got {value}")
@@ -176,6 +188,11 @@ class EdgeSettings:
             math.isfinite(self.max_turn_seconds) and self.max_turn_seconds > 0,
             "edge.max_turn_seconds",
             f"must be a number of seconds > 0, got {self.max_turn_seconds}",
+        )
+        _require(
+            math.isfinite(self.handshake_refusal_interval) and self.handshake_refusal_interval > 0,
+            "edge.handshake_refusal_interval",
+            f"must be a number of seconds > 0, got {self.handshake_refusal_interval}",
         )
         _require(
             math.isfinite(self.sys_interval) and self.sys_interval >= 0,

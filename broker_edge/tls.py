@@ -8,7 +8,8 @@ uvloop's) own TLS protocol, and its outcome comes back to us as the coroutine's 
 success the protocol made by the listener's factory (an MQTT or WebSocket protocol) gets the TLS
 transport and never sees the handshake; on failure (a plain-TCP client, a bad or missing client
 certificate, no common TLS version, a timeout) the socket is closed and ``refused(peer, reason)``
-is called, which logs one line and publishes one ``tls_handshake_failed`` log event.
+is called, which logs one line and publishes one ``tls_handshake_failed`` log event (within the
+limits of :mod:`broker_edge.refusals`: a scanner's thousands are summed up in one).
 
 Accepting with ``create_server(ssl=...)`` would do the handshake too, but its failures are only
 visible as the event loop's debug logging: no peer, no reason, no event. Handshake errors never
@@ -150,11 +151,11 @@ class Handshakes:
 
     async def _handshake(self, transport: asyncio.Transport, gate: TlsGate) -> None:
         peer = peer_name(transport)
-        protocol = gate.inner()
+        waiting = _Waiting()
         try:
             secure = await self._loop.start_tls(
                 transport,
-                protocol,
+                waiting,
                 self._context,
                 server_side=True,
                 ssl_handshake_timeout=self._timeout,
@@ -176,11 +177,52 @@ class Handshakes:
         else:
             if secure is None:  # the loop closed it meanwhile
                 return
-            protocol.connection_made(secure)
+            waiting.hand_over(secure, gate.inner())
 
     def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
+
+
+class _Waiting(asyncio.Protocol):
+    """start_tls's protocol until the handshake's task takes the TLS transport: what the TLS
+    protocol delivers before then is kept for the listener's protocol.
+
+    asyncio's TLS protocol reads the application data that came with the client's last
+    handshake flight (a TLS 1.3 client sends its CONNECT right behind its Finished) as soon as
+    the handshake completes, before start_tls's caller resumes: handed straight to the MQTT
+    protocol, it would arrive before that protocol's connection_made.
+    """
+
+    __slots__ = ("_data", "_eof", "_lost")
+
+    def __init__(self) -> None:
+        self._data: list[bytes] = []
+        self._eof = False
+        self._lost: tuple[Exception | None] | None = None
+
+    def data_received(self, data: bytes) -> None:
+        self._data.append(bytes(data))
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        return True  # the listener's protocol decides, once it has the transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = (exc,)
+
+    def hand_over(self, secure: asyncio.BaseTransport, protocol: asyncio.Protocol) -> None:
+        """Make ``protocol`` the TLS transport's, then replay what came before it."""
+        transport = typing.cast(asyncio.Transport, secure)  # uvloop's do not subclass it
+        transport.set_protocol(protocol)
+        protocol.connection_made(transport)
+        if self._data:
+            protocol.data_received(b"".join(self._data))
+            self._data.clear()
+        if self._eof and not protocol.eof_received():
+            transport.close()
+        if self._lost is not None:
+            protocol.connection_lost(self._lost[0])
 
 
 def _hand_over(gate: TlsGate, transport: asyncio.Transport) -> None:

@@ -12,7 +12,8 @@ upgrade and the framing; this module only moves bytes and events between it and 
   subprotocol with 400 (a client MUST offer ``mqtt`` [MQTT-6.0.0-3]; Mosquitto cannot serve
   such a client either). No extension is accepted (no permessage-deflate: a compressed frame
   could expand past every bound the broker sets). A request not done within the CONNECT
-  timeout is dropped.
+  timeout is dropped. Each refusal is logged through ``refused``, which limits how many lines
+  a scanner gets (:mod:`broker_edge.refusals`).
 * After it, one :class:`~broker_edge.listener.MqttProtocol` reads the payloads of the binary
   frames as its byte stream: packets may span frames and a frame may hold several packets
   [MQTT-6.0.0-2], so frame boundaries mean nothing to it. The payloads of one read are joined
@@ -66,8 +67,8 @@ class WebSocketProtocol(asyncio.Protocol):
     """One WebSocket connection: the upgrade, then frames in and out of an MQTT protocol."""
 
     __slots__ = (
-        "_closing", "_handshake_timeout", "_loop", "_make_mqtt", "_mqtt", "_peer", "_timer",
-        "_transport", "_ws",
+        "_closing", "_handshake_timeout", "_loop", "_make_mqtt", "_mqtt", "_peer", "_refused",
+        "_timer", "_transport", "_ws",
     )  # fmt: skip
 
     def __init__(
@@ -75,8 +76,10 @@ class WebSocketProtocol(asyncio.Protocol):
         loop: asyncio.AbstractEventLoop,
         make_mqtt: Callable[[], asyncio.Protocol],
         handshake_timeout: float,
+        refused: Callable[[str, str], None],
     ) -> None:
         self._loop = loop
+        self._refused = refused  # (peer, why): a refused upgrade, for the log (rate limited)
         self._make_mqtt = make_mqtt
         self._ws = WSConnection(ConnectionType.SERVER)
         self._transport: asyncio.Transport | None = None
@@ -154,7 +157,7 @@ class WebSocketProtocol(asyncio.Protocol):
         """An HTTP answer instead of the upgrade, then close."""
         self._cancel_timer()
         transport = self.transport
-        log.info("refusing WebSocket upgrade from %s: %d %s", self._peer, status, why)
+        self._refused(self._peer, f"{status} {why}")
         body = f"{why}\n".encode()
         headers = [(b"content-type", b"text/plain"), (b"content-length", b"%d" % len(body))]
         try:
@@ -199,7 +202,7 @@ class WebSocketProtocol(asyncio.Protocol):
     def _handshake_timed_out(self) -> None:
         self._timer = None
         if self._transport is not None:
-            log.info("dropping %s: no WebSocket upgrade in time", self._peer)
+            self._refused(self._peer, "no WebSocket upgrade in time")
             self._transport.abort()
 
     def _cancel_timer(self) -> None:

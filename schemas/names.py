@@ -34,6 +34,9 @@ LOG_EVENTS = frozenset(
         "journal_resumed",
         # A socket on a TLS listener that did not complete its handshake (broker_edge.tls).
         "tls_handshake_failed",
+        # ... and how many of those one listener did not report in one window (a scanner:
+        # broker_edge.refusals).
+        "tls_handshake_failures_suppressed",
         # The edge mesh (broker_edge.mesh), in the operator's namespace.
         "link_up",
         "link_down",

@@ -55,6 +55,22 @@ def test_flags_override_file_and_defaults_sit_beneath(tmp_path: Path) -> None:
         ("[edge]\npeers = ['h:1', 'h:1']\n", "edge.peers: lists a peer twice"),
         ("[edge]\nmesh_token = 'short'\n", "edge.mesh_token: must be at least 16"),
         ("[edge]\nmesh_token = 7\n", "edge.mesh_token: must be a string"),
+        (
+            "[edge]\nhandshake_refusals_per_source = 0\n",
+            "edge.handshake_refusals_per_source: must be >= 1",
+        ),
+        (
+            "[edge]\nhandshake_refusals_per_listener = -1\n",
+            "edge.handshake_refusals_per_listener: must be",
+        ),
+        (
+            "[edge]\nhandshake_refusal_interval = 0\n",
+            "edge.handshake_refusal_interval: must be a number",
+        ),
+        (
+            "[edge]\nhandshake_refusal_interval = inf\n",
+            "edge.handshake_refusal_interval: must be a number",
+        ),
         ("[edges]\n", "unknown table(s) edges"),
         ("[edge\n", "not valid TOML"),
     ],
