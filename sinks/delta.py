@@ -24,6 +24,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -179,17 +180,30 @@ class DeltaTableWriter:
         if batch_id < 0:
             raise ValueError(f"batch_id must be >= 0, got {batch_id}")
         conformed = self.conformed(rows)
+        spark = rows.sparkSession
         try:
-            txn = self._transaction(rows.sparkSession, conformed)
-            if self._replayed(txn, batch_id):
+            creating = not self._ensured and not _is_table(self._location)
+            txn = self._transaction(spark, conformed, create=not creating)
+            if creating:
+                txn.updateMetadataForNewTable(self._new_metadata(spark))
+            elif self._replayed(txn, batch_id):
                 return None
             began = time.monotonic()
             files = txn.writeFiles(conformed._jdf)
             wrote = time.monotonic()
             written = _rows_in(files)
             if written == 0:
+                if creating:  # an empty first batch still makes the (empty) table
+                    self.ensure(spark)
                 return 0
-            version = self._commit(rows.sparkSession, txn, files, batch_id, "Append")
+            version = self._commit(spark, txn, files, batch_id, "Append")
+            if creating:
+                self._ensured = True
+                logger.info(
+                    "%s: created Delta table partitioned by %s, with its first batch",
+                    self._path,
+                    self._partition_by,
+                )
         except SinkSchemaError:
             raise
         except Exception as exc:  # py4j/Spark raise many types; the message says which
@@ -338,17 +352,44 @@ class DeltaTableWriter:
 
         threading.Thread(target=build, name="delta-snapshot", daemon=True).start()
 
-    def _transaction(self, spark: SparkSession, rows: DataFrame | None = None) -> Any:
-        """A new Delta transaction on the table (created first if need be); the table's schema
-        is checked against ``rows``' once per writer."""
-        self.ensure(spark)
+    def _transaction(
+        self, spark: SparkSession, rows: DataFrame | None = None, *, create: bool = True
+    ) -> Any:
+        """A new Delta transaction on the table (created first if need be, unless ``create``
+        is false: the caller's commit makes it); the table's schema is checked against
+        ``rows``' once per writer."""
+        if create:
+            self.ensure(spark)
         jvm = spark._jvm
         assert jvm is not None  # a classic (not Connect) session, as every session here
         delta = jvm.org.apache.spark.sql.delta
         txn = delta.DeltaLog.forTable(spark._jsparkSession, self._path).startTransaction()
         if rows is not None and not self._schema_checked:
-            self._check_schema(txn.metadata().schema().json(), rows.schema)
+            table = txn.metadata().schema().json() if create else spark_schema(self._schema).json()
+            self._check_schema(table, rows.schema)
         return txn
+
+    def _new_metadata(self, spark: SparkSession) -> Any:
+        """The metadata a new table gets from its first commit: the declared schema,
+        partitioning and properties (Delta adds the session's defaults and the protocol, as
+        ``CREATE TABLE`` does; one commit where creating first took two)."""
+        jvm = spark._jvm
+        assert jvm is not None
+        delta = jvm.org.apache.spark.sql.delta
+        to_scala = jvm.org.apache.spark.api.python.PythonUtils.toScalaMap
+        properties = jvm.java.util.HashMap()
+        for key, value in self._properties.items():
+            properties.put(key, value)
+        return delta.actions.Metadata(
+            str(uuid.uuid4()),
+            None,
+            None,
+            delta.actions.Format("parquet", to_scala(jvm.java.util.HashMap())),
+            spark_schema(self._schema).json(),
+            _scala_list(jvm, list(self._partition_by)),
+            to_scala(properties),
+            jvm.scala.Option.apply(jvm.java.lang.Long.valueOf(int(time.time() * 1000))),
+        )
 
     def _replayed(self, txn: Any, batch_id: int) -> bool:
         """Whether the table holds batch ``batch_id`` already (logged): the last batch this

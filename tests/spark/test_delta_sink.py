@@ -126,6 +126,28 @@ def test_the_table_has_the_declared_schema_and_partitions(
     # Protocol 1/2: no table feature the light readers (delta-rs, polars, DuckDB) lack.
     protocol = delta.protocol()
     assert (protocol.min_reader_version, protocol.min_writer_version) == (1, 2)
+    # One commit made the table and holds the first batch, with the session's table defaults.
+    assert (delta.version(), delta.transaction_version(APP)) == (0, 0)
+    assert delta.metadata().configuration == {"delta.enableDeletionVectors": "false"}
+
+
+def test_an_empty_first_batch_still_makes_the_table_with_its_properties(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    path = tmp_path / "messages"
+    stats = ("node", "seq")
+    writer = DeltaTableWriter(path, APP, MESSAGES_SCHEMA, MESSAGES_PARTITION_BY, stats)
+
+    assert writer.append(0, frame(spark)) == 0
+    delta = DeltaTable(str(path))
+    assert (delta.version(), delta.transaction_version(APP)) == (0, None)
+    assert delta.metadata().configuration["delta.dataSkippingStatsColumns"] == "node,seq"
+    assert writer.append(1, frame(spark, message(1))) == 1
+    made = DeltaTableWriter(tmp_path / "other", APP, MESSAGES_SCHEMA, MESSAGES_PARTITION_BY, stats)
+    made.append(0, frame(spark, message(1)))
+    other = DeltaTable(str(tmp_path / "other"))
+    assert other.metadata().configuration == delta.metadata().configuration
+    assert other.schema() == delta.schema()
 
 
 def test_rows_come_back_with_the_table_types(spark: SparkSession, writer: DeltaTableWriter) -> None:
