@@ -285,6 +285,7 @@ def _start(
     fanout = TableFanout(settings, quota, notices, edge_token, metrics)
     for writer in fanout.writers:
         check_checkpoint(checkpoint, writer)
+    route.register(spark)  # the other tables' catch-up reads through it before the query starts
     fanout.start(spark)
     try:
         query = start_query(
