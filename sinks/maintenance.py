@@ -33,6 +33,7 @@ upsert (``usage``) and a compaction of the same files do, and whichever loses re
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import date
@@ -46,6 +47,7 @@ from sinks.errors import DeltaSinkError
 from sinks.storage import LakePath, ObjectPath, open_delta, spark_uri
 
 if TYPE_CHECKING:
+    from deltalake import DeltaTable
     from pyspark.sql import SparkSession
 
 logger = logging.getLogger(__name__)
@@ -144,12 +146,10 @@ def pending_work(spark: SparkSession, path: LakePath | str, vacuum_retention_hou
     actions = pa.table(delta.get_add_actions(flatten=True))
     columns = delta.metadata().partition_columns
     small = int(spark.conf.get("spark.databricks.delta.optimize.minFileSize", str(1 << 30)) or 0)
+    values = [actions.column(f"partition.{name}").to_pylist() for name in columns]
+    keys = list(zip(*values, strict=True)) if columns else [()] * actions.num_rows
     sizes = actions.column("size_bytes").to_pylist()
-    keys = zip(*(actions.column(f"partition.{name}").to_pylist() for name in columns), strict=True)
-    per_partition: dict[tuple[Any, ...], int] = {}
-    for key, size in zip(keys if columns else ((),) * len(sizes), sizes, strict=True):
-        if size < small:
-            per_partition[key] = per_partition.get(key, 0) + 1
+    small_files = Counter(key for key, size in zip(keys, sizes, strict=True) if size < small)
     # A whole number of hours at most the retention: every file due now is in the list.
     due = delta.vacuum(
         int(vacuum_retention_hours), dry_run=True, enforce_retention_duration=False, full=True
@@ -160,14 +160,14 @@ def pending_work(spark: SparkSession, path: LakePath | str, vacuum_retention_hou
     last = log.readLastCheckpointFile()
     return Work(
         version=version,
-        repair=view_typed_files(path),
-        compact=any(count > 1 for count in per_partition.values()),
+        repair=view_typed_files(path, delta),
+        compact=any(count > 1 for count in small_files.values()),
         vacuum=bool(due),
         checkpoint=not last.isDefined() or last.get().version() < version,
     )
 
 
-def view_typed_files(path: LakePath | str) -> dict[str, Partition]:
+def view_typed_files(path: LakePath | str, delta: DeltaTable | None = None) -> dict[str, Partition]:
     """The data files of the table's current snapshot whose Parquet holds an Arrow schema with
     view types, with their partition values. Reads the files' footers only (delta-rs lists them).
 
@@ -175,7 +175,8 @@ def view_typed_files(path: LakePath | str) -> dict[str, Partition]:
     18) wrote local lakes only, so a lake in a bucket has none to look for."""
     if isinstance(path, ObjectPath):
         return {}
-    delta = open_delta(path)
+    if delta is None:  # else the caller's snapshot of it
+        delta = open_delta(path)
     columns = delta.metadata().partition_columns
     actions = pa.table(delta.get_add_actions(flatten=True))
     found: dict[str, Partition] = {}

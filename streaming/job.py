@@ -28,9 +28,9 @@ def journal_stream(
     checkpoint: Path,
     edge_token: str | None = None,
 ) -> DataFrame:
-    """Every node's journal as a stream of routed rows (``streaming.route``), capped per
-    micro-batch (see ``ingest.source``)."""
-    route.register(spark)
+    """Every node's journal as a stream of routed rows (``streaming.route``, registered on
+    ``spark`` by the caller: the other tables read through it too), capped per micro-batch
+    (see ``ingest.source``)."""
     return (
         spark.readStream.format(route.ROUTED_SOURCE)
         .options(**journal_options(settings, edge_token))

@@ -285,7 +285,8 @@ def _start(
     fanout = TableFanout(settings, quota, notices, edge_token, metrics)
     for writer in fanout.writers:
         check_checkpoint(checkpoint, writer)
-    route.register(spark)  # the other tables' catch-up reads through it before the query starts
+    # The journal query and the other tables read through it; their catch-up comes first.
+    route.register(spark)
     fanout.start(spark)
     try:
         query = start_query(
