@@ -84,7 +84,10 @@ def _parser() -> argparse.ArgumentParser:
         "printed; overrides [pipeline] metrics_listen)",
     )
     pipe.add_argument(
-        "--tenants", type=Path, help="TOML tenants file: the limits the quota step enforces"
+        "--tenants",
+        type=Path,
+        help="TOML tenants file: the limits the quota step enforces, and the tenants' own "
+        "logs_retention_days / messages_retention_days",
     )
     pipe.add_argument(
         "--broker",

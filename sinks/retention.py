@@ -15,6 +15,11 @@ files and rewrites none (no deletion vector either), so:
   and cutoff, its ``operationMetrics`` the rows and files (see :func:`delete_expired`).
 
 A table with no expired partition gets no commit at all.
+
+Concurrency: the streams append to today's partitions, which the predicate never matches, so
+the ``DELETE`` and the appends do not conflict. A late record written into an expired partition
+while the ``DELETE`` runs either survives it (a blind append the delete never read) or makes it
+fail (then maintenance logs it and retries at its next run); either way the next run deletes it.
 """
 
 from __future__ import annotations
