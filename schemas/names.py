@@ -64,3 +64,11 @@ GAUGE_METRICS = frozenset({"sessions", "subscriptions", "retained"})
 
 # Quota metric (a daily limit's name in the tenants file) -> the counter metric that measures it.
 QUOTA_METRICS: dict[str, str] = {"messages_per_day": "messages_in", "bytes_per_day": "bytes_in"}
+
+# The tables whose history expires -> the key that says how many whole days besides today they
+# keep (0: forever): in ``[pipeline]`` for every tenant, in a tenant's entry of the tenants file
+# for that tenant.
+RETENTION_DAYS: dict[str, str] = {
+    "logs": "logs_retention_days",
+    "messages": "messages_retention_days",
+}
