@@ -17,7 +17,9 @@ A per-row expectation that failed also names the rows that broke it by the table
 ``UNEXPECTED_ROWS_KEPT`` of them. GX finds them (``unexpected_index_column_names``), in a
 second validation of only the failed expectations: asked of every expectation, it would cost a
 filtered Spark job each (measured here: a table's validation took 1.4 to 2 times as long), and a
-run that finds nothing wrong, the usual one, costs what it did.
+run that finds nothing wrong, the usual one, costs what it did. A run that finds broken rows
+pays for the second validation (tests/helpers/quality_lake.py's broken lake, 6 failed
+expectations in 4 tables, on a loaded 2-core machine: 18 s without naming the rows, 34 s with).
 
 All rows of a run are appended in one Delta commit by :class:`~sinks.delta.DeltaTableWriter`,
 with the run's number as the batch id of app ``edgebus.quality``: the number comes from the
