@@ -285,6 +285,9 @@ def _start(
     fanout = TableFanout(settings, quota, notices, edge_token, metrics)
     for writer in fanout.writers:
         check_checkpoint(checkpoint, writer)
+        # A table an older edgebus wrote gets the columns it lacks now, before any batch: its
+        # readers see them at once (null in the rows written before).
+        writer.ensure(spark, create=False)
     # The journal query and the other tables read through it; their catch-up comes first.
     route.register(spark)
     fanout.start(spark)
