@@ -9,10 +9,10 @@ from __future__ import annotations
 import pyarrow as pa
 
 from schemas import topics
+from schemas.names import COUNTED_QUOTAS
 from schemas.names import COUNTER_KINDS as COUNTER_KINDS  # noqa: PLC0414 (re-exported)
 from schemas.names import COUNTER_METRICS as COUNTER_METRICS  # noqa: PLC0414 (re-exported)
 from schemas.names import GAUGE_METRICS as GAUGE_METRICS  # noqa: PLC0414 (re-exported)
-from schemas.names import COUNTED_QUOTAS
 
 _TS = pa.timestamp("us", tz="UTC")
 

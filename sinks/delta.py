@@ -128,21 +128,25 @@ class DeltaTableWriter:
             raise DeltaSinkError(f"{self._path}: cannot read the transaction log") from exc
         return version
 
-    def ensure(self, spark: SparkSession, *, create: bool = True) -> None:
+    def ensure(self, spark: SparkSession) -> None:
         """Create the table (empty, with the declared schema, partitioning and properties) if
-        it is not there yet (unless ``create`` is false), or give a table made before the
-        properties and columns it lacks (:meth:`upgrade`). Creating it first keeps its schema
-        the declared one: the nullability and types of ``schemas/``, not whatever a first
-        batch happens to carry. Checked once per writer."""
+        it is not there yet, or give a table made before the properties and the columns it
+        lacks (:meth:`upgrade`). Creating it first keeps its schema the declared one: the
+        nullability and types of ``schemas/``, not whatever a first batch happens to carry.
+        Checked once per writer."""
         if self._ensured:
             return
         from delta.tables import DeltaTable as SparkDeltaTable
 
         if _is_table(self._location):
+            have = open_delta(self._location).metadata().configuration
+            missing = {k: v for k, v in self._properties.items() if have.get(k) != v}
+            if missing:
+                settings = ", ".join(f"'{k}' = '{v}'" for k, v in missing.items())
+                spark.sql(f"ALTER TABLE delta.`{self._path}` SET TBLPROPERTIES ({settings})")
+                logger.info("%s: set %s", self._path, settings)
             self.upgrade(spark)
             self._ensured = True
-            return
-        if not create:
             return
         builder = (
             SparkDeltaTable.createIfNotExists(spark)
@@ -158,32 +162,27 @@ class DeltaTableWriter:
         logger.info("%s: created Delta table partitioned by %s", self._path, self._partition_by)
 
     def upgrade(self, spark: SparkSession) -> list[str]:
-        """Give the existing table the properties and the columns of the declared schema it
-        lacks (a table written by an older edgebus); the names of the columns added.
+        """Give the table the columns of the declared schema it lacks (a table written by an
+        older edgebus); the names of the columns added ([] without a table).
 
         Columns are added where the declared schema has them (``ADD COLUMNS ... AFTER``, one
         commit, Delta's schema evolution: metadata only, no data file is rewritten), so the
         table's schema is the declared one again; the rows written before read null in them.
-        A declared column a table lacks must be nullable. The app transactions are untouched:
-        the next batch is recognised as the next one, a replayed one as a replay."""
-        delta = open_delta(self._location)
-        have = delta.metadata().configuration
-        missing = {k: v for k, v in self._properties.items() if have.get(k) != v}
-        if missing:
-            settings = ", ".join(f"'{k}' = '{v}'" for k, v in missing.items())
-            spark.sql(f"ALTER TABLE delta.`{self._path}` SET TBLPROPERTIES ({settings})")
-            logger.info("%s: set %s", self._path, settings)
-        stored = {field.name for field in delta.schema().fields}
+        Only a table whose columns are all declared, and which lacks only nullable ones, is
+        upgraded: another is left as it is, for the schema check to refuse before a write.
+        The app transactions are untouched: the next batch is recognised as the next one, a
+        replayed one as a replay."""
+        if not _is_table(self._location):
+            return []
+        stored = {field.name for field in open_delta(self._location).schema().fields}
         declared = spark_schema(self._schema)
         added = [field for field in declared if field.name not in stored]
-        if not added:
+        if (
+            not added
+            or not stored <= set(declared.names)
+            or any(not field.nullable for field in added)
+        ):
             return []
-        not_null = [field.name for field in added if not field.nullable]
-        if not_null:
-            raise SinkSchemaError(
-                f"{self._path}: the table lacks columns {not_null} that must not be null: "
-                "rows already written would have none"
-            )
         names = declared.names
         columns = []
         for field in added:

@@ -136,7 +136,7 @@ def typed_details(event_type: str | None, details: dict[str, Any] | None) -> dic
         if isinstance(codes, list) and len(codes) == 1:
             code = _typed(codes[0], _RANGES["reason_code"])
             typed["reason_code"] = code
-            if code is not None and 0 <= code < _GRANTED_QOS_BELOW:
+            if isinstance(code, int) and code < _GRANTED_QOS_BELOW:
                 typed["qos"] = _typed(code, _RANGES["qos"])
     return typed
 

@@ -287,7 +287,7 @@ def _start(
         check_checkpoint(checkpoint, writer)
         # A table an older edgebus wrote gets the columns it lacks now, before any batch: its
         # readers see them at once (null in the rows written before).
-        writer.ensure(spark, create=False)
+        writer.upgrade(spark)
     # The journal query and the other tables read through it; their catch-up comes first.
     route.register(spark)
     fanout.start(spark)
