@@ -8,6 +8,8 @@ client uses lives in that tenant's namespace. The file's shape::
 
     [tenants.acme]
     tokens = ["token-a", "token-b"]     # MQTT username = token; password not needed
+    logs_retention_days = 90            # optional: history the pipeline keeps (whole days
+    messages_retention_days = 365       # besides today; 0: forever), else [pipeline]'s
     [tenants.acme.limits]
     messages_per_day = 1_000_000        # enforced by the pipeline (quota loop)
     bytes_per_day = 1_000_000_000       # enforced by the pipeline (quota loop)
@@ -33,7 +35,7 @@ from typing import Any
 from broker_edge.errors import ConfigError
 from broker_edge.topics import InvalidTopic, validate_topic_filter
 from broker_edge.trie import TopicTrie
-from schemas.names import DEFAULT_TENANT
+from schemas.names import DEFAULT_TENANT, RETENTION_DAYS
 
 OPERATOR_TENANT = "$operator"  # cannot clash: tenant names may not start with "$"
 
@@ -86,6 +88,9 @@ class Tenant:
     tokens: tuple[str, ...]
     limits: Limits = Limits()
     acl: Mapping[str, Acl] = field(default_factory=dict)
+    # table -> whole days of history the pipeline keeps besides today (0: forever); a table
+    # not here keeps the pipeline's default (schemas.names.RETENTION_DAYS names the keys).
+    retention_days: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +159,7 @@ def parse(data: Mapping[str, Any], where: str = "tenants") -> TenantsConfig:
                 "without a tenants file; choose another name"
             )
         _table(body, key)
-        _known(body, {"tokens", "limits", "acl"}, key)
+        _known(body, {"tokens", "limits", "acl", *RETENTION_DAYS.values()}, key)
         tokens = body.get("tokens")
         if not isinstance(tokens, list) or not tokens:
             raise ConfigError(f"{key}.tokens: must be a non-empty list of strings")
@@ -171,7 +176,18 @@ def parse(data: Mapping[str, Any], where: str = "tenants") -> TenantsConfig:
             if token not in tokens:
                 raise ConfigError(f"{key}.acl.{token}: not one of this tenant's tokens")
             acl[token] = _acl(rules, f"{key}.acl.{token}")
-        tenants[name] = Tenant(name, tuple(tokens), limits, acl)
+        retention: dict[str, int] = {}
+        for table, days_key in RETENTION_DAYS.items():
+            days = body.get(days_key)
+            if days is None:
+                continue
+            if not isinstance(days, int) or isinstance(days, bool) or days < 0:
+                raise ConfigError(
+                    f"{key}.{days_key}: must be a whole number of days >= 0 (0: forever), "
+                    f"got {days!r}"
+                )
+            retention[table] = days
+        tenants[name] = Tenant(name, tuple(tokens), limits, acl, retention)
     return TenantsConfig(operator_token, tenants)
 
 

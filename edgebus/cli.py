@@ -84,7 +84,10 @@ def _parser() -> argparse.ArgumentParser:
         "printed; overrides [pipeline] metrics_listen)",
     )
     pipe.add_argument(
-        "--tenants", type=Path, help="TOML tenants file: the limits the quota step enforces"
+        "--tenants",
+        type=Path,
+        help="TOML tenants file: the limits the quota step enforces, and the tenants' own "
+        "logs_retention_days / messages_retention_days",
     )
     pipe.add_argument(
         "--broker",
@@ -113,13 +116,22 @@ def _parser() -> argparse.ArgumentParser:
     _pipeline_args(run)
     maintain = sub.add_parser(
         "maintain",
-        help="maintain every table of the lake once, now (repair, compact, vacuum, checkpoint)",
-        description="Maintain every table of the lake once, now: rewrite files whose physical "
-        "types differ from the table's (lakes written before Spark's Delta wrote them), "
-        "compact small files, vacuum files older than vacuum_retention_hours, checkpoint. "
-        "What the pipeline does every maintenance_interval_seconds.",
+        help="maintain every table of the lake once, now (expire history, repair, compact, "
+        "vacuum, checkpoint)",
+        description="Maintain every table of the lake once, now: delete the logs and messages "
+        "older than each tenant keeps (logs_retention_days, messages_retention_days), rewrite "
+        "files whose physical types differ from the table's (lakes written before Spark's "
+        "Delta wrote them), compact small files, vacuum files older than "
+        "vacuum_retention_hours, checkpoint. What the pipeline does every "
+        "maintenance_interval_seconds.",
     )
     _pipeline_args(maintain)
+    maintain.add_argument(
+        "--tenants",
+        type=Path,
+        help="TOML tenants file: the tenants' own logs_retention_days and "
+        "messages_retention_days (else [pipeline]'s hold for every tenant)",
+    )
     api = sub.add_parser(
         "api",
         help="serve the lake over HTTP: logs, messages, usage and quota per tenant (REST)",
@@ -219,14 +231,8 @@ def _edge(args: argparse.Namespace) -> int:
         except ConfigError as exc:
             raise SettingsError(f"--peer: {exc}") from exc
     runner = _event_loop_runner(args.loop)
-    if args.tenants is not None:
-        from broker_edge.tenants import load as load_tenants
-
-        try:
-            load_tenants(args.tenants)  # refuse a bad file before binding the port
-        except ConfigError as exc:
-            print(f"edgebus: bad tenants file: {exc}", file=sys.stderr)
-            return 2
+    if args.tenants is not None and _tenants_file(args.tenants) is None:
+        return 2  # refused before binding the port
     try:
         runner(_serve_edge(settings, args.tenants))
     except ConfigError as exc:  # refused before any port opened (bad token file, exposure)
@@ -305,12 +311,8 @@ def _pipeline(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGHUP, lambda signum, frame: _reread_tenants(args.tenants))
     if args.tenants is not None:
-        from broker_edge.tenants import load as load_tenants
-
-        try:
-            tenants = load_tenants(args.tenants)  # a bad file stops us before Spark starts
-        except ConfigError as exc:
-            print(f"edgebus: bad tenants file: {exc}", file=sys.stderr)
+        tenants = _tenants_file(args.tenants)  # a bad file stops us before Spark starts
+        if tenants is None:
             return 2
         log.info("tenants file %s: %d tenant(s)", args.tenants, len(tenants.tenants))
         if tenants.operator_token is None:
@@ -327,10 +329,11 @@ def _pipeline(args: argparse.Namespace) -> int:
                 "gets journal notices (retention keeps every segment)"
             )
         quota = _quota_settings(args.tenants, tenants.operator_token, args.broker)
+        retention = _tenant_retention(args.tenants)
         notices = None
         edge_token: str | None = tenants.operator_token
     else:
-        quota = None
+        quota = retention = None
         try:
             notices = _local_notices(settings.data_dir, args.broker)
         except OperatorTokenError as exc:
@@ -356,7 +359,13 @@ def _pipeline(args: argparse.Namespace) -> int:
     if stop.is_set():
         return 0  # stopped before Spark started
     return _run_pipeline(
-        settings, once=args.once, stop=stop, quota=quota, notices=notices, edge_token=edge_token
+        settings,
+        once=args.once,
+        stop=stop,
+        quota=quota,
+        notices=notices,
+        edge_token=edge_token,
+        retention=retention,
     )
 
 
@@ -424,6 +433,11 @@ def _maintain(args: argparse.Namespace) -> int:
     if isinstance(settings.lake, Path) and not settings.lake.is_dir():
         print(f"edgebus: {settings.lake}: no such lake", file=sys.stderr)
         return 2
+    retention = None
+    if args.tenants is not None:
+        if _tenants_file(args.tenants) is None:
+            return 2  # refused before Spark starts
+        retention = _tenant_retention(args.tenants)
     if not _reachable(settings):
         return 2
     from sinks.maintenance import describe
@@ -437,7 +451,8 @@ def _maintain(args: argparse.Namespace) -> int:
         return 2
     spark = build_spark(settings)
     try:
-        reports = MaintenanceSchedule(settings, spark_maintainer(spark)).run_once()
+        schedule = MaintenanceSchedule(settings, spark_maintainer(spark), tenants=retention)
+        reports = schedule.run_once()
     finally:
         stop_spark(spark)
     for report in reports:
@@ -514,6 +529,29 @@ def _quota_settings(path: Path, token: str, brokers: list[tuple[str, int]]) -> A
         }
 
     return QuotaSettings(load_limits=load_limits, operator_token=token, brokers=tuple(brokers))
+
+
+def _tenants_file(path: Path) -> Any:
+    """The tenants file at ``path``; None, once its fault is printed, when it is bad."""
+    from broker_edge.tenants import load as load_tenants
+
+    try:
+        return load_tenants(path)
+    except ConfigError as exc:
+        print(f"edgebus: bad tenants file: {exc}", file=sys.stderr)
+        return None
+
+
+def _tenant_retention(path: Path) -> Any:
+    """The tenants' own retention days (tenant -> table -> days), read from the tenants file on
+    every call, so a changed file counts from the next maintenance run."""
+    from broker_edge.tenants import load as load_tenants
+
+    def load() -> dict[str, dict[str, int]]:
+        config = load_tenants(path)
+        return {name: dict(t.retention_days) for name, t in config.tenants.items()}
+
+    return load
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -2,15 +2,18 @@
 
     python -m edgebus.demo_lake --data-dir demo/data --lake demo/lake
     EDGEBUS_LAKE=demo/lake jupyter-execute notebooks/fleet_history.ipynb --output=/tmp/fleet.ipynb
+    edgebus quality --lake demo/lake
 
-Fifteen minutes of one edge node's journal, ending now (before midnight UTC, so it is one
-day): two tenants' vehicles publishing telemetry and status, dashboards subscribed, and the
-edge's own log events (``broker_edge.plim.log_event``) and counters
+Fifteen minutes of one edge node's journal, ending now or at ``--end TIME`` (before midnight
+UTC, so it is one day): two tenants' vehicles publishing telemetry and status, dashboards
+subscribed, and the edge's own log events (``broker_edge.plim.log_event``) and counters
 (``broker_edge.plim.counter_messages``), journaled as an edge does. Then :func:`build` runs the
 pipeline (every job and the quota step) once per five-minute phase, so the tables have several
 versions and tenant ``acme``'s quota goes ``warn`` (run 1: 80 % of its limit), ``blocked``
 (run 2: past it; the edge refuses acme from then on) and ``cleared`` (run 3, after its limit
-was raised). The quota step's clock is the end of each phase.
+was raised). The quota step's clock is the end of each phase. Last, one quality run (what the
+pipeline's quality schedule runs, ``streaming.quality.run_quality``) over the tables, so
+``edgebus quality`` and the notebooks have a result to show.
 
 The events are made by the edge's own code, so their shapes are a real edge's: the details of
 ``connect``, ``disconnect`` and ``subscribe`` by the builders the broker uses
@@ -81,11 +84,13 @@ class DemoLake:
     messages_per_run: Mapping[str, tuple[int, ...]]  # tenant -> device publishes of each run
     messages_per_vehicle: Mapping[str, Mapping[str, int]]  # tenant -> vehicle -> publishes
     log_events: Mapping[str, Mapping[str, int]]  # tenant -> event type -> events
+    quality: Mapping[str, bool]  # table -> whether the quality run found it good
 
     def summary(self) -> dict[str, Any]:
         doc = asdict(self)
         doc["lake"] = str(self.lake)
         doc["day"] = self.day.isoformat()
+        doc["quality"] = dict(self.quality)
         return doc
 
 
@@ -276,6 +281,7 @@ def build(
     from ingest import source
     from ingest.journal import JournalWriter
     from streaming import pipeline
+    from streaming.quality import run_quality
     from streaming.quota_settings import QuotaSettings, TenantLimits
     from streaming.session import build_spark
     from streaming.settings import PipelineSettings
@@ -312,6 +318,7 @@ def build(
                 versions.append(DeltaTable(str(settings.table_path("messages"))).version())
                 # What the pipeline sends the edges on $control/quota/{tenant} (retained).
                 decisions = quota_decisions(settings.table_path("quota_events"), LIMITED)
+        checked = run_quality(session, settings.lake, now=end)
     finally:
         if spark is None:
             session.stop()
@@ -322,6 +329,10 @@ def build(
         messages_per_run={tenant: tuple(run[tenant] for run in per_run) for tenant in FLEETS},
         messages_per_vehicle=_plain(edge.published),
         log_events=_plain(edge.logged),
+        quality={
+            table: all(r.success for r in checked if r.table == table)
+            for table in sorted({r.table for r in checked})
+        },
     )
 
 
@@ -337,6 +348,14 @@ def _plain(counts: Mapping[str, Counter[str]]) -> dict[str, dict[str, int]]:
     return {tenant: dict(sorted(counts[tenant].items())) for tenant in sorted(counts)}
 
 
+def _utc_time(text: str) -> datetime:
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {text!r}") from exc
+    return at.replace(tzinfo=UTC) if at.tzinfo is None else at
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m edgebus.demo_lake``: build it; the summary as JSON on stdout."""
     parser = argparse.ArgumentParser(
@@ -345,12 +364,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--data-dir", type=Path, required=True, help="where the journal goes")
     parser.add_argument("--lake", type=Path, required=True, help="where the Delta tables go")
+    parser.add_argument(
+        "--end",
+        type=_utc_time,
+        metavar="TIME",
+        help="when the records end, ISO 8601 (UTC unless a zone is given; default now)",
+    )
     args = parser.parse_args(argv)
     for path in (args.data_dir, args.lake):
         if path.exists() and any(path.iterdir()):
             parser.error(f"{path} is not empty: the demo starts from nothing")
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    demo = build(args.data_dir, args.lake)
+    demo = build(args.data_dir, args.lake, now=args.end)
     print(json.dumps(demo.summary()))
     print(f"demo lake ready: EDGEBUS_LAKE={args.lake} for the notebooks", file=sys.stderr)
     return 0

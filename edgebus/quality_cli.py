@@ -17,7 +17,7 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
@@ -39,12 +39,15 @@ Show what the latest data quality runs found: the pipeline validates each table'
 (today's and yesterday's) against its great-expectations suite every quality_interval_seconds
 and keeps the results in the lake's Delta table "quality_results".
 
-Per run and table: ok, or FAILED with each failed expectation, how many rows broke it and
-what was observed (the unexpected values among the first 20 such rows, with their counts).
+Per run and table: ok, or FAILED with each failed expectation, how many rows broke it, which
+rows (by the table's key: (node, seq) for messages and logs; the first 20) and what was
+observed (the unexpected values among the first 20 such rows, with their counts).
 --format json gives every result, one object per line (passing ones too, unless --failed).
 
-Rows go to stdout, messages to stderr. Exit status: 0 (also when expectations failed or no run
-has happened yet), 2 for bad arguments or a missing lake, 1 when the table cannot be read.
+Rows go to stdout, messages to stderr. Exit status, like a great-expectations checkpoint: 0 when
+the latest run of every table shown met all its expectations (also when no run has happened
+yet), 1 when the latest run of a table shown failed (or the results cannot be read), 2 for bad
+arguments or a missing lake.
 
 examples:
   edgebus quality --lake lake
@@ -63,7 +66,10 @@ COLUMNS = (
     "unexpected_count",
     "element_count",
     "error",
+    "unexpected_rows",
 )
+# How much of the breaking rows' keys a line of the table shows (all of them: --format json).
+ROWS_WIDTH = 60
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -106,26 +112,42 @@ class QualityQuery:
     def runs_text(self) -> str:
         return f"run {self.last}" if self.first == self.last else f"runs {self.first}..{self.last}"
 
-    def sql(self) -> str:
-        """The DataFusion query over the table registered as :data:`QUERY_TABLE`."""
+    def sql(self, have: Collection[str] = COLUMNS) -> str:
+        """The DataFusion query over the table registered as :data:`QUERY_TABLE`, whose columns
+        are ``have`` (a column added since a table was made is null in it). Every result of the
+        runs, the passing ones too: :meth:`shown` keeps the failed ones for ``--failed``, after
+        :func:`failing_tables` has looked at all."""
         where = [f"run BETWEEN {self.first} AND {self.last}"]
         if self.table is not None:
             where.append(f'"table" = {sql_string(self.table)}')
-        if self.failed:
-            where.append("NOT success")
-        columns = ", ".join(f'"{name}"' for name in COLUMNS)
+        columns = ", ".join(
+            f'"{name}"' if name in have else f'NULL AS "{name}"' for name in COLUMNS
+        )
         # Every value above is an int or a quoted literal: no injection.
         return (
             f"SELECT {columns} FROM {QUERY_TABLE} WHERE {' AND '.join(where)} "  # noqa: S608
             'ORDER BY run DESC, "table", success, expectation, "columns"'
         )
 
+    def shown(self, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The rows the command shows: the failed ones only with ``--failed``."""
+        return [row for row in rows if not (self.failed and row["success"])]
+
+
+def failing_tables(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The tables among ``rows`` (every result of the runs asked for) whose latest run there
+    failed: what makes the command exit 1."""
+    latest: dict[str, int] = {}
+    for row in rows:
+        latest[row["table"]] = max(row["run"], latest.get(row["table"], row["run"]))
+    return sorted({r["table"] for r in rows if r["run"] == latest[r["table"]] and not r["success"]})
+
 
 def query_rows(
     lake: LakePath, runs: int, table: str | None, failed: bool
 ) -> tuple[QualityQuery, list[dict[str, Any]]]:
-    """The query for the latest ``runs`` runs and its rows, newest first, or
-    :class:`CommandError`."""
+    """The query for the latest ``runs`` runs and all their rows (the passing ones too), newest
+    first, or :class:`CommandError`."""
     delta = open_table(lake, TABLE)
     last = None if delta is None else delta.transaction_version(APP_ID)
     if delta is None or last is None:
@@ -136,8 +158,9 @@ def query_rows(
             exit_code=0,
         )
     query = QualityQuery(max(0, last - runs + 1), last, table, failed)
-    rows = lake_command.query(delta, QUERY_TABLE, query.sql())
-    if not rows and table is not None and not failed:
+    have = {field.name for field in delta.schema().fields}
+    rows = lake_command.query(delta, QUERY_TABLE, query.sql(have))
+    if not rows and table is not None:
         raise CommandError(
             f"no results for table {table!r} in {query.runs_text()} "
             "(not a table with a suite, or not in the lake yet)",
@@ -153,24 +176,27 @@ def run(args: argparse.Namespace, *, now: datetime | None = None) -> int:
         query, rows = query_rows(args.lake, args.runs, args.table, args.failed)
     except CommandError as exc:
         return lake_command.fail("quality", exc)
-    if not rows:
+    status = 1 if failing_tables(rows) else 0
+    shown = query.shown(rows)
+    if not shown:
         of = f" of {query.table}" if query.table else ""
         print(
             f"edgebus quality: no failed expectations{of} in {query.runs_text()}",
             file=sys.stderr,
         )
-        return 0
-    lake_command.write_out(partial(write_json if args.format == "json" else write_table, rows))
-    return 0
+        return status
+    lake_command.write_out(partial(write_json if args.format == "json" else write_table, shown))
+    return status
 
 
 def write_json(rows: Sequence[dict[str, Any]], out: TextIO) -> None:
-    """One JSON object per result; ``columns`` a list, ``kwargs`` and ``observed`` as JSON."""
+    """One JSON object per result; ``columns`` a list, ``kwargs``, ``observed`` and
+    ``unexpected_rows`` (a list of the rows' keys, as objects) as JSON."""
     for row in rows:
         doc = dict(row)
         doc["run_at"] = iso(row["run_at"])
         doc["columns"] = row["columns"].split(", ") if row["columns"] else []
-        for key in ("kwargs", "observed"):
+        for key in ("kwargs", "observed", "unexpected_rows"):
             doc[key] = json.loads(row[key]) if row[key] is not None else None
         out.write(json.dumps(doc) + "\n")
 
@@ -189,7 +215,7 @@ def write_table(rows: Sequence[dict[str, Any]], out: TextIO) -> None:
             out.write(_table_line(results, width))
             failures = [_failure_cells(r) for r in results if not r["success"]]
             if failures:
-                header = ["EXPECTATION", "COLUMNS", "UNEXPECTED", "DETAIL"]
+                header = ["EXPECTATION", "COLUMNS", "UNEXPECTED", "ROWS", "DETAIL"]
                 # Indented under the table: the first column carries the indent.
                 lines = [["    " + cells[0], *cells[1:]] for cells in [header, *failures]]
                 lake_command.write_columns(lines, out)
@@ -221,8 +247,24 @@ def _failure_cells(row: dict[str, Any]) -> list[str]:
         row["expectation"],
         row["columns"] or "-",
         unexpected,
-        _truncate(_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", detail), OBSERVED_WIDTH),
+        _truncate(_printable(_rows_text(row)), ROWS_WIDTH),
+        _truncate(_printable(detail), OBSERVED_WIDTH),
     ]
+
+
+def _rows_text(row: dict[str, Any]) -> str:
+    """The breaking rows' keys: ``node, seq: (edge-a, 2), (edge-b, 7)``; ``-`` for none."""
+    keys: list[dict[str, Any]] = json.loads(row["unexpected_rows"] or "[]")
+    if not keys:
+        return "-"
+    names = ", ".join(keys[0])
+    return f"{names}: " + ", ".join(
+        "(" + ", ".join(str(value) for value in key.values()) + ")" for key in keys
+    )
+
+
+def _printable(text: str) -> str:
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def _truncate(text: str, width: int) -> str:

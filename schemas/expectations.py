@@ -144,6 +144,18 @@ SUITES: Mapping[str, Callable[[], gx.ExpectationSuite]] = MappingProxyType(
     }
 )
 
+# How a run names the rows that broke an expectation: by the table's row identity, a journal
+# record's ``(node, seq)`` where the table has one. Every suite reads these columns.
+ROW_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "messages": ("node", "seq"),
+        "logs": ("node", "seq"),
+        "usage": tuple(USAGE_KEY),
+        "quota_events": ("tenant", "metric", "batch_id"),
+        "quarantine": ("node", "seq", "table"),
+    }
+)
+
 # Tables of the lake that have no suite, and why.
 NOT_VALIDATED: Mapping[str, str] = MappingProxyType(
     {QUALITY_RESULTS_TABLE: "the quality runs' own results"}

@@ -68,3 +68,11 @@ QUOTA_METRICS: dict[str, str] = {"messages_per_day": "messages_in", "bytes_per_d
 # ... and the other way: counter metric -> the quota metric it counts (the ``quota_metric``
 # column of ``usage``); a counter no quota is measured by is not in it.
 COUNTED_QUOTAS: dict[str, str] = {counter: quota for quota, counter in QUOTA_METRICS.items()}
+
+# The tables whose history expires -> the key that says how many whole days besides today they
+# keep (0: forever): in ``[pipeline]`` for every tenant, in a tenant's entry of the tenants file
+# for that tenant.
+RETENTION_DAYS: dict[str, str] = {
+    "logs": "logs_retention_days",
+    "messages": "messages_retention_days",
+}

@@ -30,6 +30,11 @@ VALIDATION_ERROR = "validation_error"
 #   unexpected_count  rows that broke it (null for aggregate expectations)
 #   element_count     rows it looked at (the table's rows in the run's window)
 #   error             why the expectation (or the whole table, VALIDATION_ERROR) could not run
+#   unexpected_rows   the rows that broke it, named by the table's row key
+#                     (``schemas.expectations.ROW_KEYS``: ``(node, seq)`` for messages and logs),
+#                     as JSON text: a list of objects, at most UNEXPECTED_ROWS_KEPT of them, each
+#                     key once; null when it passed or is no per-row expectation. Added after
+#                     the first runs: a run adds the column to a table made without it.
 QUALITY_RESULTS_SCHEMA = pa.schema(
     [
         pa.field("run", pa.int64(), nullable=False),
@@ -44,8 +49,13 @@ QUALITY_RESULTS_SCHEMA = pa.schema(
         pa.field("unexpected_count", pa.int64(), nullable=True),
         pa.field("element_count", pa.int64(), nullable=True),
         pa.field("error", pa.string(), nullable=True),
+        pa.field("unexpected_rows", pa.string(), nullable=True),
         pa.field("date", pa.date32(), nullable=False),
     ]
 )
+
+# How many breaking rows a result names (GX's partial_unexpected_count: the same cap as the
+# unexpected values it counts in ``observed``).
+UNEXPECTED_ROWS_KEPT = 20
 
 QUALITY_RESULTS_PARTITION_BY: tuple[str, ...] = ("date",)

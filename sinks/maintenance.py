@@ -1,10 +1,14 @@
-"""Delta table maintenance through Spark's Delta: repair physical types, compact, vacuum.
+"""Delta table maintenance through Spark's Delta: expire history, repair physical types,
+compact, vacuum.
 
 Theory of operation: a streaming sink commits one or a few small files per micro-batch and
 partition, so a table that is never maintained reads thousands of tiny files. Spark is the one
 engine that writes the lake, so maintenance is Spark's Delta too. :func:`maintain_table` does,
 in this order:
 
+0. **Expire** (given a :class:`~sinks.retention.Retention`: ``logs`` and ``messages``): the
+   partitions older than each tenant's cutoff go, in one Delta ``DELETE`` that removes whole
+   files and rewrites none (:mod:`sinks.retention`); the steps below skip those partitions.
 1. **Repair**: files whose Parquet carries an Arrow schema with view types (``string_view``,
    ``binary_view``: written by delta-rs before the pipeline wrote through Spark) break readers
    that trust that schema (pyarrow filters, DuckDB over Arrow, pandas). Each partition holding
@@ -44,6 +48,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sinks.errors import DeltaSinkError
+from sinks.retention import Expiry, Retention, delete_expired, expired_partitions
 from sinks.storage import LakePath, ObjectPath, open_delta, spark_uri
 
 if TYPE_CHECKING:
@@ -68,16 +73,23 @@ class MaintenanceReport:
     files_added: int
     vacuumed_files: int
     vacuum_retention_hours: float
+    expired: tuple[Expiry, ...] = ()  # the partitions retention deleted, per tenant
+    rows_expired: int = 0  # the DELETE commit's numDeletedRows
 
 
 def maintain_table(
-    spark: SparkSession, path: LakePath | str, *, vacuum_retention_hours: float
+    spark: SparkSession,
+    path: LakePath | str,
+    *,
+    vacuum_retention_hours: float,
+    retention: Retention | None = None,
 ) -> MaintenanceReport:
-    """Repair, compact and vacuum the Delta table at ``path`` (see the module's text).
+    """Expire, repair, compact and vacuum the Delta table at ``path`` (see the module's text).
 
     ``vacuum_retention_hours`` is how long files removed from the table are kept, i.e. how far
     back time travel keeps working (the session allows less than Delta's 7-day default:
-    ``streaming.session``). Raises :class:`DeltaSinkError` when a step fails.
+    ``streaming.session``). ``retention``: the tenants' cutoffs (None: history is kept).
+    Raises :class:`DeltaSinkError` when a step fails.
     """
     from delta.tables import DeltaTable as SparkDeltaTable
 
@@ -85,12 +97,13 @@ def maintain_table(
         raise ValueError(f"vacuum_retention_hours must be >= 0, got {vacuum_retention_hours}")
     target = spark_uri(path)
     try:
-        work = pending_work(spark, path, vacuum_retention_hours)
+        work = pending_work(spark, path, vacuum_retention_hours, retention)
         if not work:
             logger.debug("%s: compacted, vacuumed and checkpointed already", target)
             return MaintenanceReport(
                 target, work.version, work.version, 0, 0, 0, 0, vacuum_retention_hours
             )
+        deleted = delete_expired(spark, target, work.expire)
         table = SparkDeltaTable.forPath(spark, target)
         repaired = repair_physical_types(spark, path, work.repair)
         removed = added = 0
@@ -101,7 +114,7 @@ def maintain_table(
                 added = int(metrics["metrics"]["numFilesAdded"])
         vacuumed = 0
         # Files this run removed are due at once only with no retention at all.
-        if work.vacuum or ((removed or repaired) and vacuum_retention_hours == 0):
+        if work.vacuum or ((removed or repaired or deleted) and vacuum_retention_hours == 0):
             table.vacuum(vacuum_retention_hours)
             vacuumed = _vacuumed(table)
         _checkpoint(spark, target)
@@ -119,6 +132,8 @@ def maintain_table(
         files_added=added,
         vacuumed_files=vacuumed,
         vacuum_retention_hours=vacuum_retention_hours,
+        expired=work.expire,
+        rows_expired=int(deleted.get("numDeletedRows", 0)),
     )
 
 
@@ -127,29 +142,48 @@ class Work:
     """What :func:`maintain_table` has to do to a table at ``version`` (false: nothing)."""
 
     version: int
+    expire: tuple[Expiry, ...]  # partitions older than their tenant's cutoff
     repair: Mapping[str, Partition]  # view-typed files (:func:`view_typed_files`)
     compact: bool  # a partition holds two or more files below OPTIMIZE's minimum size
     vacuum: bool  # a file is due for deletion (removed, or never committed, and old enough)
     checkpoint: bool  # the newest version has no checkpoint
 
     def __bool__(self) -> bool:
-        return bool(self.repair) or self.compact or self.vacuum or self.checkpoint
+        return (
+            bool(self.expire) or bool(self.repair) or self.compact or self.vacuum or self.checkpoint
+        )
 
 
-def pending_work(spark: SparkSession, path: LakePath | str, vacuum_retention_hours: float) -> Work:
+def pending_work(
+    spark: SparkSession,
+    path: LakePath | str,
+    vacuum_retention_hours: float,
+    retention: Retention | None = None,
+) -> Work:
     """What maintaining the table at ``path`` would change, from its log and file listing
     (delta-rs and Delta's ``_last_checkpoint``: no Spark job). Each step a table does not need
     is skipped: on a small table each costs seconds of the driver's planning even when it does
-    nothing, and a lake of quiet tables is maintained every interval."""
+    nothing, and a lake of quiet tables is maintained every interval. Partitions that
+    ``retention`` expires are neither repaired nor compacted: they are about to go."""
     delta = open_delta(path)
     version = delta.version()
+    expire = expired_partitions(delta, retention) if retention is not None else ()
     actions = pa.table(delta.get_add_actions(flatten=True))
     columns = delta.metadata().partition_columns
     small = int(spark.conf.get("spark.databricks.delta.optimize.minFileSize", str(1 << 30)) or 0)
     values = [actions.column(f"partition.{name}").to_pylist() for name in columns]
     keys = list(zip(*values, strict=True)) if columns else [()] * actions.num_rows
     sizes = actions.column("size_bytes").to_pylist()
-    small_files = Counter(key for key, size in zip(keys, sizes, strict=True) if size < small)
+    going = {(expiry.tenant, day) for expiry in expire for day in expiry.dates}
+
+    def kept(partition: Partition) -> bool:  # not about to be deleted
+        return not going or (partition["tenant"], partition["date"]) not in going
+
+    small_files = Counter(
+        key
+        for key, size in zip(keys, sizes, strict=True)
+        if size < small and kept(dict(zip(columns, key, strict=True)))
+    )
     # A whole number of hours at most the retention: every file due now is in the list.
     due = delta.vacuum(
         int(vacuum_retention_hours), dry_run=True, enforce_retention_duration=False, full=True
@@ -158,9 +192,11 @@ def pending_work(spark: SparkSession, path: LakePath | str, vacuum_retention_hou
     assert jvm is not None
     log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, spark_uri(path))
     last = log.readLastCheckpointFile()
+    repair = {name: where for name, where in view_typed_files(path, delta).items() if kept(where)}
     return Work(
         version=version,
-        repair=view_typed_files(path, delta),
+        expire=expire,
+        repair=repair,
         compact=any(count > 1 for count in small_files.values()),
         vacuum=bool(due),
         checkpoint=not last.isDefined() or last.get().version() < version,
@@ -254,5 +290,9 @@ def describe(report: MaintenanceReport) -> str:
         f"{report.path}: v{report.version_before} -> v{report.version_after}, "
         f"{report.partitions_repaired} partitions repaired, "
         f"compaction {report.files_removed} files -> {report.files_added}, "
-        f"{report.vacuumed_files} files vacuumed (retention {report.vacuum_retention_hours} h)"
+        f"{report.vacuumed_files} files vacuumed (retention {report.vacuum_retention_hours} h), "
+        f"{report.rows_expired} rows expired"
+        + "".join(
+            f"; {e.tenant}: {e.partitions} partitions before {e.before}" for e in report.expired
+        )
     )

@@ -16,11 +16,12 @@ Two ways, one meaning:
     in_a_bucket = lake.load(spark, "s3://bucket/lake", "logs")  # AWS_* environment variables
     before = lake.load(spark, "lake", "messages", version=3)
     yesterday = lake.load_arrow("lake", "logs", timestamp=datetime(2024, 3, 9, tzinfo=UTC))
+    day = lake.latest_date("lake", "usage", where="tenant = 'acme'")  # the day to look at
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import date, datetime
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -186,3 +187,19 @@ def load(
             *[F.lit(None).cast(field.dataType).alias(field.name) for field in missing],
         )
     return rows.where(where) if where else rows
+
+
+def latest_date(lake: LakePath | str, table: str, *, where: str | None = None) -> date | None:
+    """The latest UTC ``date`` of ``table`` that has rows (matching ``where``), through delta-rs;
+    None when none has. The day to show by default: after midnight UTC today has nothing yet,
+    and a lake copied or replayed elsewhere ends on its own last day."""
+    table_spec(table)  # a known table, partitioned by date
+    delta = open_table(lake, table)
+    sql = f"SELECT max(date) AS latest FROM {_QUERY_TABLE}"  # noqa: S608 (a fixed name)
+    if where:
+        sql += f" WHERE {where}"
+    try:
+        latest: date | None = run_sql(delta, _QUERY_TABLE, sql).column(0)[0].as_py()
+    except DeltaError as exc:
+        raise LakeError(f"{delta.table_uri}: query failed: {exc}") from exc
+    return latest

@@ -69,7 +69,7 @@ from streaming.errors import PipelineError
 from streaming.history import messages_writer
 from streaming.job import check_checkpoint, journal_options, journal_stream, start_query
 from streaming.logs import logs_writer
-from streaming.maintenance import MaintenanceSchedule, spark_maintainer
+from streaming.maintenance import MaintenanceSchedule, RetentionLoader, spark_maintainer
 from streaming.metrics import PipelineMetrics
 from streaming.others import OtherTables
 from streaming.quality import QualitySchedule
@@ -329,6 +329,7 @@ def run(
     notices: NoticeSettings | None = None,
     edge_token: str | None = None,
     metrics: PipelineMetrics | None = None,
+    retention: RetentionLoader | None = None,
 ) -> None:
     """Run the journal query (with the quota step when ``quota`` is given).
 
@@ -341,7 +342,8 @@ def run(
     threads. The session is built from ``settings`` and stopped at the end, unless the caller
     passes its own ``spark`` (then the caller owns and stops it). ``edge_token``: the bearer
     token for ``settings.edges``. ``metrics``: counted once per batch and per quality run
-    (:mod:`streaming.metrics`; the caller serves them).
+    (:mod:`streaming.metrics`; the caller serves them). ``retention``: the tenants' own days
+    of history (the tenants file's; :mod:`streaming.maintenance`), else the settings' for all.
     """
     session = spark if spark is not None else build_spark(settings)
     running: PipelineQuery | None = None
@@ -356,7 +358,7 @@ def run(
                 QualitySchedule.from_settings(
                     session, settings, on_results=metrics.quality_ran if metrics else None
                 ),
-                MaintenanceSchedule(settings, spark_maintainer(session)),
+                MaintenanceSchedule(settings, spark_maintainer(session), tenants=retention),
             ]
             _wait(running, stop if stop is not None else threading.Event(), schedules)
     finally:

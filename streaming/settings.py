@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from schemas.names import RETENTION_DAYS
 from sinks.storage import LakePath, ObjectPath
 from streaming.errors import PipelineConfigError
 
@@ -40,6 +41,10 @@ class PipelineSettings:
     maintenance_interval_seconds: float = 3600.0
     # ... and vacuum deletes files no version younger than this needs (Delta's default: 7 days).
     vacuum_retention_hours: float = 168.0
+    # History kept, in whole days besides today (0: forever), by maintenance; a tenant's own
+    # ``logs_retention_days`` / ``messages_retention_days`` in the tenants file overrides it.
+    logs_retention_days: int = 30  # as flespi
+    messages_retention_days: int = 0
     # "HOST:PORT" serving the pipeline's Prometheus metrics at /metrics ("": none; port 0: any
     # free port). ``edgebus pipeline --metrics`` overrides it.
     metrics_listen: str = ""
@@ -65,6 +70,13 @@ class PipelineSettings:
             raise PipelineConfigError(
                 f"pipeline.vacuum_retention_hours: must be >= 0, got {self.vacuum_retention_hours}"
             )
+        for key in RETENTION_DAYS.values():
+            days = getattr(self, key)
+            if not isinstance(days, int) or isinstance(days, bool) or days < 0:
+                raise PipelineConfigError(
+                    f"pipeline.{key}: must be a whole number of days >= 0 (0: forever), "
+                    f"got {days!r}"
+                )
         for edge in self.edges:
             host, sep, port = edge.rpartition(":")
             if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65_535:

@@ -2,8 +2,11 @@
 the real pipeline built (``python -m edgebus.demo_lake``).
 
 Each notebook marks the cells whose values matter with a tag; the test compares what they
-show with what the demo journaled. The kernel must then exit by itself when asked: nothing
-(a JVM, a delta-rs exit abort) may keep it alive or kill it.
+show with what the demo journaled, and finds the figures (PNG) of the cells tagged
+``figure-...``, drawn by matplotlib (``MPLBACKEND=Agg``: the notebooks ask for the inline
+backend themselves). The demo's records end yesterday, so the day the notebooks pick by
+default, the lake's latest, is not today's. The kernel must then exit by itself when asked:
+nothing (a JVM, a delta-rs exit abort) may keep it alive or kill it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime, time, timedelta
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
@@ -27,6 +31,7 @@ from nbclient import NotebookClient
 from bench.s3_server import s3_server
 from edgebus.demo_lake import FIRST_LIMIT, LIMITED, RAISED_LIMIT
 from sinks.storage import ENVIRONMENT
+from streaming import lake
 
 BUCKET = "edgebus-notebooks"
 
@@ -40,9 +45,11 @@ pytestmark = pytest.mark.timeout(900)
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("demo")
+    yesterday = datetime.combine(datetime.now(UTC).date() - timedelta(days=1), time(12), UTC)
     done = subprocess.run(
         [sys.executable, "-m", "edgebus.demo_lake"]
-        + ["--data-dir", str(root / "data"), "--lake", str(root / "lake")],
+        + ["--data-dir", str(root / "data"), "--lake", str(root / "lake")]
+        + ["--end", yesterday.isoformat()],
         capture_output=True,
         text=True,
         timeout=600,
@@ -50,6 +57,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     summary: dict[str, Any] = json.loads(done.stdout)
+    assert summary["day"] == yesterday.date().isoformat()
     return summary
 
 
@@ -82,14 +90,16 @@ def demo_in_a_bucket(demo: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 
 def execute(name: str, demo: dict[str, Any], workdir: Path) -> dict[str, Any]:
-    """Run ``notebooks/{name}.ipynb`` in a new kernel; the value each tagged cell shows."""
+    """Run ``notebooks/{name}.ipynb`` in a new kernel; the value each tagged cell shows, and
+    for each ``figure-...`` tag how many PNG images its cell drew. No ``EDGEBUS_DATE``: the
+    notebooks find the day themselves."""
     notebook = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if k != "EDGEBUS_DATE"},
         **demo.get("environment", {}),
         "EDGEBUS_LAKE": demo["lake"],
         "EDGEBUS_TENANT": LIMITED,
-        "EDGEBUS_DATE": demo["day"],
+        "MPLBACKEND": "Agg",
         "PYSPARK_PYTHON": sys.executable,
     }
     manager = KernelManager(kernel_name="python3")
@@ -109,6 +119,9 @@ def execute(name: str, demo: dict[str, Any], workdir: Path) -> dict[str, Any]:
     shown = {}
     for cell in notebook.cells:
         for tag in cell.metadata.get("tags", []):
+            if tag.startswith("figure-"):
+                shown[tag] = sum("image/png" in out.get("data", {}) for out in cell.outputs)
+                continue
             [result] = [out for out in cell.outputs if out.output_type == "execute_result"]
             shown[tag] = ast.literal_eval(result.data["text/plain"])
     return shown
@@ -122,6 +135,10 @@ def test_fleet_history(demo_in_a_bucket: dict[str, Any], tmp_path: Path) -> None
     vehicles = demo["messages_per_vehicle"][LIMITED]
     assert shown["messages-count"] == sum(vehicles.values())
     assert shown["messages-per-vehicle"] == vehicles
+    # The figure: the lake's latest day (yesterday here), each vehicle's messages per minute.
+    assert shown["day"] == demo["day"]
+    assert shown["figure-messages-per-vehicle"] == 1
+    assert shown["messages-per-vehicle-plotted"] == vehicles
     # Time travel: every version as it was; each run added its messages in one commit.
     per_run = [sum(run) for run in zip(*demo["messages_per_run"].values(), strict=True)]
     rows = shown["rows-per-version"]
@@ -131,7 +148,22 @@ def test_fleet_history(demo_in_a_bucket: dict[str, Any], tmp_path: Path) -> None
 
 def test_tenant_logs_and_quota(demo: dict[str, Any], tmp_path: Path) -> None:
     shown = execute("tenant_logs_and_quota", demo, tmp_path)
+    assert shown["day"] == demo["day"]  # the lake's latest day, yesterday: not today's date
     assert shown["logs-by-type"] == demo["log_events"][LIMITED]
+    assert shown["figure-logs-by-type"] == 1
+    assert shown["logs-by-type-plotted"] == demo["log_events"][LIMITED]
+    # One figure per quota metric with decisions that day; its marks are quota_events' rows.
+    assert shown["figure-usage-vs-limit"] == 1
+    recorded = lake.load_arrow(demo["lake"], "quota_events", where=f"tenant = '{LIMITED}'")
+    assert shown["quota-moments"] == [
+        (row["metric"], row["state"], row["decided_at"].isoformat())
+        for row in sorted(recorded.to_pylist(), key=lambda row: row["decided_at"])
+    ]
+    assert [state for _, state, _ in shown["quota-moments"]] == ["warn", "blocked", "cleared"]
+    # The demo's one quality run, as the notebook reads it: every table met its suite.
+    assert shown["quality"] == demo["quality"]
+    assert set(demo["quality"]) == {"messages", "logs", "usage", "quota_events"}
+    assert all(demo["quality"].values())
     # warn at 80 %, blocked past the limit, cleared once it was raised (see edgebus.demo_lake)
     usage = list(accumulate(demo["messages_per_run"][LIMITED]))
     assert shown["quota-timeline"] == [
@@ -148,3 +180,21 @@ def test_tenant_logs_and_quota(demo: dict[str, Any], tmp_path: Path) -> None:
         ("quota_blocked", "messages_per_day", FIRST_LIMIT, usage[1]),
     ]
     assert shown["disconnects"] == [("veh-03", None), ("veh-04", 0x8D)]
+
+
+def test_edgebus_quality_over_the_demo_lake(demo: dict[str, Any]) -> None:
+    # The demo's quality run is the latest; every table passed, so the command exits 0.
+    done = subprocess.run(
+        [sys.executable, "-m", "edgebus.cli", "quality", "--lake", demo["lake"]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+    assert (done.returncode, done.stderr) == (0, "")
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("run 0  ")
+    assert lines[0].endswith("0 of 4 tables failed")
+    assert sorted(line.split()[0] for line in lines[1:]) == sorted(demo["quality"])
+    assert all(line.split()[1] == "ok" for line in lines[1:])

@@ -173,14 +173,21 @@ def test_long_run_stops_when_asked(edgebus_spark: SparkSession, settings: Pipeli
                 return False
             return read_table(quality, "\"table\" = 'messages'", columns=["success"]).num_rows > 0
 
+        logs = settings.table_path("logs")
+
+        def expired() -> bool:  # 2024's log events: older than the 30 days logs keep
+            return read_table(logs, columns=["seq"]).num_rows == 0
+
         while time.monotonic() < deadline and not (
-            validated() and any(log.glob("*.checkpoint.parquet"))
+            validated() and any(log.glob("*.checkpoint.parquet")) and expired()
         ):
             time.sleep(0.5)  # the schedules' threads signal nothing a test can await
         results = read_table(quality, "\"table\" = 'messages'", columns=["success"])
         assert results.num_rows > 0
         assert all(results.column("success").to_pylist())
         assert any(log.glob("*.checkpoint.parquet")), "maintenance never checkpointed messages"
+        assert expired(), "maintenance never expired the old logs"
+        assert_exactly_once(settings, expected)  # messages keep everything by default
     finally:
         stop.set()
         runner.join(timeout=60)

@@ -224,28 +224,54 @@ def test_vacuum_keeps_removed_files_exactly_as_long_as_the_retention_says(
     assert not orphan.exists()
 
 
-def test_edgebus_maintain_repairs_a_lake_once_as_a_command(
-    settings: PipelineSettings, tmp_path: Path
-) -> None:
-    assert view_typed_files(settings.table_path("usage"))
-    done = subprocess.run(
-        [sys.executable, "-m", "edgebus.cli", "maintain", "--lake", str(settings.lake)],
+def tenants_of(settings: PipelineSettings, table: str) -> list[str]:
+    return read_table(settings.table_path(table), columns=["tenant"]).column(0).to_pylist()
+
+
+def maintain(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "edgebus.cli", "maintain", *args],
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
     )
+
+
+def test_edgebus_maintain_repairs_a_lake_once_as_a_command(
+    settings: PipelineSettings, tmp_path: Path
+) -> None:
+    """Also retention: the archive's rows are of 2024-03-10, older than the 30 days ``logs``
+    keeps by default and than the 30 days of ``messages`` the tenants file gives acme; globex
+    keeps its messages forever (the default)."""
+    assert view_typed_files(settings.table_path("usage"))
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text(
+        '[tenants.acme]\ntokens = ["a"]\nmessages_retention_days = 30\n'
+        '[tenants.globex]\ntokens = ["g"]\n'
+    )
+    messages = Multiset(tenants_of(settings, "messages"))
+    assert set(messages) == {"acme", "globex"}
+    assert read_table(settings.table_path("logs")).num_rows > 0
+
+    done = maintain("--lake", str(settings.lake), "--tenants", str(tenants))
+
     assert done.returncode == 0, done.stderr[-2000:]
     assert "usage: v" in done.stdout
     assert "1 partitions repaired" in done.stdout
     for table in ("messages", "logs", "usage", "quarantine"):
         assert view_typed_files(settings.table_path(table)) == {}
-    missing = subprocess.run(
-        [sys.executable, "-m", "edgebus.cli", "maintain", "--lake", str(tmp_path / "nope")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    kept = Multiset(tenants_of(settings, "messages"))
+    assert kept == Multiset({"globex": messages["globex"]})
+    assert read_table(settings.table_path("logs")).num_rows == 0
+    assert f"{messages['acme']} rows expired; acme: 1 partitions before" in done.stdout
+    missing = maintain("--lake", str(tmp_path / "nope"))
     assert missing.returncode == 2
     assert "no such lake" in missing.stderr
+    (tmp_path / "bad.toml").write_text('[tenants.acme]\ntokens = ["a"]\nlogs_retention_days = -1\n')
+    bad = maintain("--lake", str(settings.lake), "--tenants", str(tmp_path / "bad.toml"))
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == [
+        f"edgebus: bad tenants file: {tmp_path / 'bad.toml'}: tenants.acme.logs_retention_days: "
+        "must be a whole number of days >= 0 (0: forever), got -1"
+    ]

@@ -159,3 +159,20 @@ def test_every_registered_table_is_consistent() -> None:
         assert set(spec.partition_by) <= set(spec.schema.names)
     assert TABLES["messages"].schema is MESSAGES_SCHEMA
     assert TABLES["logs"].schema is LOGS_SCHEMA
+
+
+def test_latest_date_is_the_last_day_with_rows(tmp_path: Path) -> None:
+    spec = TABLES["messages"]
+    writer = DeltaBatchWriter(tmp_path / "messages", "test", spec.schema, spec.partition_by)
+    days = {1: ("acme", 0), 2: ("acme", 1), 3: ("other", 5)}  # seq -> tenant, days after TS
+    rows = [
+        message(seq, tenant) | {"date": TS.date() + dt.timedelta(days=after)}
+        for seq, (tenant, after) in days.items()
+    ]
+    writer.write(0, pa.Table.from_pylist(rows, schema=MESSAGES_SCHEMA))
+
+    assert lake.latest_date(tmp_path, "messages") == TS.date() + dt.timedelta(days=5)
+    assert lake.latest_date(tmp_path, "messages", where="tenant = 'acme'") == dt.date(2024, 3, 11)
+    assert lake.latest_date(tmp_path, "messages", where="tenant = 'nobody'") is None
+    with pytest.raises(LakeError, match="no logs table"):
+        lake.latest_date(tmp_path, "logs")

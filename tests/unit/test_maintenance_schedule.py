@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from datetime import UTC, date, datetime, timedelta, timezone
 from pathlib import Path
 
 import pyarrow as pa
@@ -10,6 +11,7 @@ import pytest
 from lake_fixture import DeltaBatchWriter
 
 from sinks.maintenance import MaintenanceReport
+from sinks.retention import Retention
 from streaming.maintenance import MaintenanceSchedule
 from streaming.settings import PipelineSettings
 
@@ -31,10 +33,14 @@ class Recorder:
 
     def __init__(self, failing: tuple[str, ...] = ()) -> None:
         self.calls: list[tuple[Path, float]] = []
+        self.retention: dict[str, Retention | None] = {}
         self.failing = failing
 
-    def __call__(self, path: Path, retention_hours: float) -> MaintenanceReport:
+    def __call__(
+        self, path: Path, retention_hours: float, retention: Retention | None
+    ) -> MaintenanceReport:
         self.calls.append((path, retention_hours))
+        self.retention[path.name] = retention
         if path.name in self.failing:
             raise OSError(f"{path}: disk on fire")
         return report(path)
@@ -93,3 +99,74 @@ def test_a_failing_table_is_logged_and_the_others_still_run(
     assert len(failed) == 2
     assert "messages: maintenance failed" in failed[0].getMessage()
     assert failed[0].exc_info is not None
+
+
+NOW = datetime(2026, 3, 31, 23, 59, tzinfo=UTC)  # a UTC day's last minute
+TODAY = date(2026, 3, 31)
+
+
+def test_each_tenant_keeps_its_own_days_besides_today(tmp_path: Path) -> None:
+    """logs: 30 days by default, acme 7, initech forever (0); messages: forever by default,
+    acme 365. The cutoff is the first date kept: today minus the days."""
+    for table in ("messages", "logs", "usage"):
+        make_table(tmp_path / table)
+    recorder = Recorder()
+    tenants = {"acme": {"logs": 7, "messages": 365}, "initech": {"logs": 0}, "globex": {}}
+    schedule = MaintenanceSchedule(
+        settings(tmp_path),
+        recorder,
+        ("messages", "logs", "usage"),
+        tenants=lambda: tenants,
+        clock=lambda: NOW.astimezone(timezone(timedelta(hours=5))),  # already April 1st there
+    )
+
+    schedule.run_once()
+
+    logs = recorder.retention["logs"]
+    assert logs is not None
+    assert logs.cutoff("acme") == date(2026, 3, 24)  # keeps Mar 24 .. 31: 7 days and today
+    assert logs.cutoff("initech") is None
+    assert logs.cutoff("globex") == logs.cutoff("not-in-the-file") == date(2026, 3, 1)
+    messages = recorder.retention["messages"]
+    assert messages is not None
+    assert messages.cutoff("acme") == TODAY - timedelta(days=365)
+    assert messages.cutoff("globex") is None
+    assert recorder.retention["usage"] is None  # no retention: usage is history's summary
+
+
+def test_messages_kept_forever_by_everyone_need_no_retention(tmp_path: Path) -> None:
+    make_table(tmp_path / "messages")
+    recorder = Recorder()
+    schedule = MaintenanceSchedule(
+        settings(tmp_path), recorder, ("messages",), tenants=lambda: {"acme": {"messages": 0}}
+    )
+    schedule.run_once()
+    assert recorder.retention == {"messages": None}
+
+
+def test_an_unreadable_tenants_file_never_falls_back_to_the_defaults(tmp_path: Path) -> None:
+    """A tenant keeping more than the default must not lose it to a file being edited: the
+    last good read counts, and without one there is no retention at all that run."""
+    make_table(tmp_path / "logs")
+    reads: list[dict[str, dict[str, int]] | Exception] = [
+        OSError("tenants.toml: being edited"),
+        {"acme": {"logs": 90}},
+        ValueError("tenants.toml: bad TOML"),
+    ]
+
+    def load() -> dict[str, dict[str, int]]:
+        read = reads.pop(0)
+        if isinstance(read, Exception):
+            raise read
+        return read
+
+    recorder = Recorder()
+    schedule = MaintenanceSchedule(
+        settings(tmp_path), recorder, ("logs",), tenants=load, clock=lambda: NOW
+    )
+    cutoffs = []
+    for _ in range(3):
+        schedule.run_once()
+        retention = recorder.retention["logs"]
+        cutoffs.append(retention.cutoff("acme") if retention is not None else "none")
+    assert cutoffs == ["none", TODAY - timedelta(days=90), TODAY - timedelta(days=90)]

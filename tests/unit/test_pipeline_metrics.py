@@ -135,7 +135,19 @@ def test_an_edge_that_does_not_answer_has_no_lag(tmp_path: Path) -> None:
 
 def quality_result(table: str, *, success: bool) -> QualityResult:
     return QualityResult(
-        1, TS, table, f"{table}_suite", "expect_x", None, None, success, None, None, None, None
+        1,
+        TS,
+        table,
+        f"{table}_suite",
+        "expect_x",
+        None,
+        None,
+        success,
+        None,
+        None,
+        None,
+        None,
+        None,
     )
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from edgebus import quality_cli
 from schemas import quality
-from schemas.expectations import NOT_VALIDATED, SUITES, build_suite, suite_columns
+from schemas.expectations import NOT_VALIDATED, ROW_KEYS, SUITES, build_suite, suite_columns
 from schemas.tables import TABLES
 
 
@@ -49,3 +49,12 @@ def test_the_command_names_the_results_table_and_app_like_the_schema() -> None:
     assert quality_cli.TABLE == quality.QUALITY_RESULTS_TABLE
     assert quality_cli.APP_ID == quality.QUALITY_APP_ID
     assert set(quality_cli.COLUMNS) | {"date"} == set(quality.QUALITY_RESULTS_SCHEMA.names)
+
+
+@pytest.mark.parametrize("table", sorted(SUITES))
+def test_breaking_rows_are_named_by_columns_the_table_has(table: str) -> None:
+    # A run names the rows that broke an expectation by ROW_KEYS: (node, seq) for records.
+    key = ROW_KEYS[table]
+    assert set(key) <= set(TABLES[table].schema.names)
+    if {"node", "seq"} <= set(TABLES[table].schema.names):
+        assert key[:2] == ("node", "seq")

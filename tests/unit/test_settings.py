@@ -21,6 +21,7 @@ def test_example_files_load() -> None:
     pipe = load_pipeline(CONF / "pipeline.toml", {})
     assert pipe.journal_root == Path("data/journal")
     assert pipe.checkpoint_path("history") == Path("lake/_checkpoints/history")
+    assert (pipe.logs_retention_days, pipe.messages_retention_days) == (30, 0)
 
 
 def test_flags_override_file_and_defaults_sit_beneath(tmp_path: Path) -> None:
@@ -92,6 +93,11 @@ def test_bad_edge_settings_name_the_key(tmp_path: Path, text: str, message: str)
         ("[pipeline]\nedges = ['h']\n", 'pipeline.edges: each edge is "HOST:PORT"'),
         ("[pipeline]\nedges = ['h:1', 'h:1']\n", "pipeline.edges: an edge is listed twice"),
         ("[pipeline]\ndriver_memory = '2gb'\n", "pipeline.driver_memory: must be a whole number"),
+        (
+            "[pipeline]\nlogs_retention_days = -1\n",
+            r"pipeline.logs_retention_days: must be a whole",
+        ),
+        ("[pipeline]\nmessages_retention_days = 1.5\n", "pipeline.messages_retention_days: must "),
         ("[pipeline]\nlake = 'gs://b/lake'\n", "lake: 'gs://b/lake': unsupported scheme 'gs'"),
         ("[pipeline]\nlake = 's3:///lake'\n", "lake: 's3:///lake': no bucket"),
         ("[lake]\nendpoint = 'http://127.0.0.1:9000'\n", r"lake.endpoint: unknown key \(known:"),

@@ -17,6 +17,8 @@ token = "op"
 
 [tenants.acme]
 tokens = ["a1", "a2"]
+logs_retention_days = 90
+messages_retention_days = 0
 [tenants.acme.limits]
 messages_per_day = 1_000_000
 bytes_per_day = 1_000_000_000
@@ -50,6 +52,8 @@ def test_tokens_map_to_tenants_and_acls(tmp_path: Path) -> None:
         1024,
     )
     assert config.limits("globex").sessions is None
+    assert config.tenants["acme"].retention_days == {"logs": 90, "messages": 0}
+    assert config.tenants["globex"].retention_days == {}  # the pipeline's defaults
     acl = config.grant("a2").acl  # type: ignore[union-attr]
     assert acl.may_publish("fleet/v1/telemetry")
     assert not acl.may_publish("fleet/v1/status")
@@ -107,6 +111,14 @@ def test_subscription_coverage(granted: str, wanted: str, covered: bool) -> None
         ),
         ("[tenants.'$x']\ntokens = ['t']\n", "may not be empty, start with '$'"),
         ("[operator]\ntoken = 3\n", "operator.token: a token must be a non-empty string"),
+        (
+            "[tenants.acme]\ntokens = ['t']\nlogs_retention_days = -3\n",
+            "tenants.acme.logs_retention_days: must be a whole number of days >= 0",
+        ),
+        (
+            "[tenants.acme]\ntokens = ['t']\nmessages_retention_days = '30d'\n",
+            "tenants.acme.messages_retention_days: must be a whole number of days >= 0",
+        ),
     ],
 )
 def test_bad_files_name_the_key(text: str, message: str) -> None:
