@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from bench.compare import report
 
@@ -87,7 +88,16 @@ def log_rows(tenant: str, day: date, n: int, rng: np.random.Generator) -> pa.Tab
         "invalid_reason": pa.array([None] * n, pa.string()),
         "raw": pa.array([None] * n, pa.binary()),
     }
-    return pa.Table.from_pydict(columns).cast(LOGS_SCHEMA)
+    # The typed columns the logs step reads out of the details: a disconnect's reason code.
+    for name in ("reason", "reason_code", "topic", "qos", "metric", "limit", "value"):
+        columns[name] = pa.nulls(n, LOGS_SCHEMA.field(name).type)
+    disconnects = pc.equal(columns["event_type"], "disconnect")
+    columns["reason_code"] = pc.if_else(
+        disconnects, pa.scalar(0, pa.int32()), columns["reason_code"]
+    )
+    return pa.Table.from_pydict({name: columns[name] for name in LOGS_SCHEMA.names}).cast(
+        LOGS_SCHEMA
+    )
 
 
 def build_table(lake: Path, rows: int, tenants: int, days: int) -> None:

@@ -57,7 +57,7 @@ from broker_edge.packets import (
     ReasonCode,
     Subscription,
 )
-from broker_edge.plim import log_event
+from broker_edge.plim import connect_details, disconnect_details, log_event
 from broker_edge.router import (
     SESSION_NEVER_EXPIRES,
     Namespace,
@@ -694,18 +694,14 @@ class Broker:
         self.awaiting_connect.discard(conn)
         connected = self.connected
         connected[conn.tenant] = connected.get(conn.tenant, 0) + 1
-        self.log(
-            conn.tenant,
-            "connect",
-            conn.client_id,
-            {
-                "peer": conn.peer,
-                "protocol": int(conn.version),
-                "clean_start": packet.clean_start,
-                "keepalive": conn.keepalive,
-                "session_present": present,
-            },
+        details = connect_details(
+            peer=conn.peer,
+            protocol=int(conn.version),
+            clean_start=packet.clean_start,
+            keepalive=conn.keepalive,
+            session_present=present,
         )
+        self.log(conn.tenant, "connect", conn.client_id, details)
         return session, present
 
     def set_session_expiry(self, conn: Connection, session: Session, expiry: int) -> None:
@@ -751,16 +747,10 @@ class Broker:
         if self.connections.get(key) is conn:
             del self.connections[key]
             self.connected[conn.tenant] -= 1
-            self.log(
-                conn.tenant,
-                "disconnect",
-                conn.client_id,
-                {
-                    "peer": conn.peer,
-                    "clean": conn.clean_disconnect,
-                    "reason_code": conn.close_reason,
-                },
+            details = disconnect_details(
+                peer=conn.peer, clean=conn.clean_disconnect, reason_code=conn.close_reason
             )
+            self.log(conn.tenant, "disconnect", conn.client_id, details)
         if self.router.detach(session, conn, now):
             self._drop_session(session)
 

@@ -37,6 +37,7 @@ from broker_edge.packets import (
     Unsubscribe,
     Will,
 )
+from broker_edge.plim import subscribe_details
 from broker_edge.session import Session
 from broker_edge.states import ACK_EVENTS, FlowEvent
 from broker_edge.tenants import ALLOW_ALL
@@ -263,15 +264,9 @@ def handle_subscribe(broker: Broker, conn: Connection, packet: Subscribe, now: f
                 "value": settings.max_subscriptions_per_client,
             },
         )
-    broker.log(
-        conn.tenant,
-        "subscribe",
-        conn.client_id,
-        {
-            "topic_filters": [s.topic_filter for s in packet.subscriptions],
-            "reason_codes": [int(c) for c in codes],
-        },
-    )
+    filters = [s.topic_filter for s in packet.subscriptions]
+    details = subscribe_details(filters, [int(c) for c in codes])
+    broker.log(conn.tenant, "subscribe", conn.client_id, details)
 
 
 def handle_unsubscribe(broker: Broker, conn: Connection, packet: Unsubscribe, now: float) -> None:

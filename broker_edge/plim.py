@@ -72,6 +72,36 @@ def log_event(
     return log_topic(origin, event), json.dumps(doc, separators=(",", ":")).encode()
 
 
+# The details of the events every session makes, built here for the broker and for anything that
+# journals events as an edge does (edgebus.demo_lake), so their shapes are the edge's.
+
+
+def connect_details(
+    *, peer: str, protocol: int, clean_start: bool, keepalive: int, session_present: bool
+) -> dict[str, Any]:
+    """``connect``: the client's address, MQTT protocol level (4: 3.1.1, 5) and CONNECT flags,
+    and whether a session was resumed."""
+    return {
+        "peer": peer,
+        "protocol": protocol,
+        "clean_start": clean_start,
+        "keepalive": keepalive,
+        "session_present": session_present,
+    }
+
+
+def disconnect_details(*, peer: str, clean: bool, reason_code: int | None) -> dict[str, Any]:
+    """``disconnect``: ``clean`` when the client sent DISCONNECT; ``reason_code`` the one the
+    edge closed the connection with (null: the client closed it, or the network did)."""
+    return {"peer": peer, "clean": clean, "reason_code": reason_code}
+
+
+def subscribe_details(topic_filters: list[str], reason_codes: list[int]) -> dict[str, Any]:
+    """``subscribe``: the SUBSCRIBE's filters and the SUBACK's reason code for each (the
+    granted QoS, or a refusal at 0x80 and above)."""
+    return {"topic_filters": topic_filters, "reason_codes": reason_codes}
+
+
 @dataclass(slots=True)
 class TenantUsage:
     """Running totals of one tenant on this node, and where the local quota stops it: the
@@ -148,6 +178,15 @@ class QuotaDecision:
         if decided_at is not None and not isinstance(decided_at, str):
             raise QuotaDecisionError("decided_at must be a string")
         return cls(state, metric, doc.get("limit"), doc.get("value"), decided_at)
+
+    def details(self) -> dict[str, Any]:
+        """The details of the quota event applying this decision logs."""
+        return {
+            "metric": self.metric,
+            "limit": self.limit,
+            "value": self.value,
+            "decided_at": self.decided_at,
+        }
 
     def payload(self) -> bytes:
         values = (self.state, self.metric, self.limit, self.value, self.decided_at)

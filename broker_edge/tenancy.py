@@ -251,7 +251,7 @@ class Tenancy:
             if topic[0] == "$"
             else not client.acl.may_publish(topic)
         ):
-            details: dict[str, Any] = {"action": action, "topic": topic}
+            details: dict[str, Any] = {"action": action, "topic": topic, "qos": int(packet.qos)}
             event = LogEvent(client.tenant, "acl_denied", client.client_id, details)
             return ReasonCode.NOT_AUTHORIZED, event
         if client.tenant in self.blocked and action != "will":
@@ -265,6 +265,7 @@ class Tenancy:
                 "value": client.max_payload,
                 "size": len(packet.payload),
                 "topic": topic,
+                "qos": int(packet.qos),
                 "action": action,
             }
             client.usage.dropped += 1
@@ -305,12 +306,7 @@ class Tenancy:
         if event is None:
             return ControlOutcome((publish,))
         log.info("tenant %s: %s (%s)", tenant, event, decision.metric)
-        details = {
-            "metric": decision.metric,
-            "limit": decision.limit,
-            "value": decision.value,
-            "decided_at": decision.decided_at,
-        }
+        details = decision.details()
         return ControlOutcome((publish,), (LogEvent(tenant, event, "", details, "quota"),))
 
     def control_message(self, tenant: str, topic: str, payload: bytes) -> ControlOutcome:

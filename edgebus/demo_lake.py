@@ -15,6 +15,12 @@ was raised). The quota step's clock is the end of each phase. Last, one quality 
 pipeline's quality schedule runs, ``streaming.quality.run_quality``) over the tables, so
 ``edgebus quality`` and the notebooks have a result to show.
 
+The events are made by the edge's own code, so their shapes are a real edge's: the details of
+``connect``, ``disconnect`` and ``subscribe`` by the builders the broker uses
+(``broker_edge.plim``), and the quota events by the edge's policy
+(``broker_edge.tenancy.Tenancy.apply_quota``) applying the decisions the pipeline recorded in
+``quota_events``, as an edge applies them from ``$control/quota/{tenant}``.
+
 :class:`DemoLake` says what was written, so a test can compare what the notebooks read with it.
 """
 
@@ -33,10 +39,21 @@ from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from broker_edge.packets import ReasonCode
+from broker_edge.plim import (
+    connect_details,
+    counter_messages,
+    disconnect_details,
+    log_event,
+    subscribe_details,
+)
+from broker_edge.tenancy import LogEvent, Tenancy
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from ingest.journal import JournalWriter
+    from sinks.storage import LakePath
 
 NODE = "edge-demo"
 DASHBOARD = "dashboard"
@@ -82,6 +99,8 @@ class _Edge:
     """Journals what one edge node would: device publishes, log events and counters."""
 
     writer: JournalWriter
+    # The edge's policy: it turns the pipeline's quota decisions into the edge's log events.
+    tenancy: Tenancy = field(default_factory=lambda: Tenancy(None, NODE))
     # Demo values, the same in every build; nothing secret.
     rng: random.Random = field(default_factory=lambda: random.Random(7))  # noqa: S311
     totals: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -123,36 +142,51 @@ class _Edge:
             usage["messages_out"] += 1
             usage["bytes_out"] += len(payload)
 
-    def log(
-        self, at: datetime, tenant: str, event: str, client_id: str, details: dict[str, Any]
-    ) -> None:
-        from broker_edge.plim import log_event
-
-        origin = "quota" if event.startswith("quota_") else "mqtt"
+    def log(self, at: datetime, event: LogEvent) -> None:
+        """Journal ``event`` as the broker does (``Broker.log_events``)."""
         topic, payload = log_event(
             ts_us=_us(at),
             node=NODE,
-            tenant=tenant,
-            client_id=client_id,
-            origin=origin,
-            event=event,
-            details=details,
+            tenant=event.tenant,
+            client_id=event.client_id,
+            origin=event.origin,
+            event=event.event,
+            details=dict(event.details),
         )
-        self._internal(at, tenant, topic, payload)
-        self.logged[tenant][event] += 1
+        self._internal(at, event.tenant, topic, payload)
+        self.logged[event.tenant][event.event] += 1
 
     def connect(self, at: datetime, tenant: str, client_id: str) -> None:
         self.usage(tenant)["sessions"] += 1
-        details = {"peer": "127.0.0.1", "protocol": 5, "clean_start": True, "keepalive": 60}
-        self.log(at, tenant, "connect", client_id, details)
+        details = connect_details(
+            peer=_peer(client_id),
+            protocol=5,
+            clean_start=True,
+            keepalive=60,
+            session_present=False,
+        )
+        self.log(at, LogEvent(tenant, "connect", client_id, details))
 
-    def disconnect(self, at: datetime, tenant: str, client_id: str) -> None:
+    def subscribe(self, at: datetime, tenant: str, client_id: str, topic_filter: str) -> None:
+        self.usage(tenant)["subscriptions"] += 1
+        details = subscribe_details([topic_filter], [1])  # QoS 1 asked, and granted
+        self.log(at, LogEvent(tenant, "subscribe", client_id, details))
+
+    def disconnect(
+        self, at: datetime, tenant: str, client_id: str, *, clean: bool, reason_code: int | None
+    ) -> None:
         self.usage(tenant)["sessions"] -= 1
-        self.log(at, tenant, "disconnect", client_id, {"reason": "normal"})
+        details = disconnect_details(peer=_peer(client_id), clean=clean, reason_code=reason_code)
+        self.log(at, LogEvent(tenant, "disconnect", client_id, details))
+
+    def apply_decisions(self, at: datetime, decisions: list[bytes]) -> None:
+        """The pipeline's quota decisions for the limited tenant (``$control/quota/...``
+        payloads), applied by the edge's policy: the log events it makes for them."""
+        for payload in decisions:
+            for event in self.tenancy.apply_quota(LIMITED, payload).events:
+                self.log(at, event)
 
     def counters(self, start: datetime, end: datetime) -> None:
-        from broker_edge.plim import counter_messages
-
         for tenant in sorted(self.totals):
             totals = defaultdict(int, self.totals[tenant])
             for topic, payload in counter_messages(
@@ -182,21 +216,30 @@ def _us(at: datetime) -> int:
     return int(at.timestamp() * 1_000_000)
 
 
-def _journal_phase(edge: _Edge, phase: int, start: datetime) -> dict[str, int]:
-    """One phase of traffic from ``start``; each tenant's device publishes journaled."""
+def _peer(client_id: str) -> str:
+    """A client's address as the edge writes it (host:port), the same in every build."""
+    return f"127.0.0.1:{50_000 + sum(client_id.encode())}"
+
+
+def _journal_phase(
+    edge: _Edge, phase: int, start: datetime, decisions: list[bytes]
+) -> dict[str, int]:
+    """One phase of traffic from ``start``, after the edge applied the pipeline's
+    ``decisions``; each tenant's device publishes journaled."""
     before = {tenant: edge.published[tenant].total() for tenant in FLEETS}
+    edge.apply_decisions(start, decisions)  # run 1's warns acme, run 2's blocks it
     if phase == 0:
         for tenant, vehicles in FLEETS.items():
             for client in (DASHBOARD, *vehicles):
                 edge.connect(start, tenant, client)
-            edge.usage(tenant)["subscriptions"] = 1
-            edge.log(start, tenant, "subscribe", DASHBOARD, {"filters": ["fleet/+/telemetry"]})
-    elif phase == 1:  # the edge applied run 1's decision
-        edge.log(start, LIMITED, "quota_warn", "", _decision(edge, start))
-    elif phase == 2:  # run 2's: acme is refused from now on
-        edge.log(start, LIMITED, "quota_blocked", "", _decision(edge, start))
-        for vehicle in FLEETS[LIMITED][2:]:
-            edge.disconnect(start, LIMITED, vehicle)
+            edge.subscribe(start, tenant, DASHBOARD, "fleet/+/telemetry")
+    elif phase == 2:  # acme is refused from now on: two of its vehicles go
+        first, second = FLEETS[LIMITED][2:4]
+        edge.disconnect(start, LIMITED, first, clean=True, reason_code=None)  # DISCONNECT
+        # Gone silent: the edge closes it when its keepalive runs out.
+        edge.disconnect(
+            start, LIMITED, second, clean=False, reason_code=ReasonCode.KEEP_ALIVE_TIMEOUT
+        )
     ticks = PHASE // TICK
     for tick in range(ticks):
         at = start + tick * TICK
@@ -212,16 +255,6 @@ def _journal_phase(edge: _Edge, phase: int, start: datetime) -> dict[str, int]:
             edge.counters(at - (COUNTERS_EVERY - 1) * TICK, at + TICK)
     edge.writer.flush()
     return {tenant: edge.published[tenant].total() - before[tenant] for tenant in FLEETS}
-
-
-def _decision(edge: _Edge, decided_at: datetime) -> dict[str, Any]:
-    """The details of a quota log event: the decision the edge applied (as the edge logs it)."""
-    return {
-        "metric": "messages_per_day",
-        "limit": FIRST_LIMIT,
-        "value": edge.published[LIMITED].total(),
-        "decided_at": decided_at.isoformat(timespec="milliseconds"),
-    }
 
 
 def span_end(now: datetime) -> datetime:
@@ -275,13 +308,16 @@ def build(
     try:
         with JournalWriter.open(settings.journal_root, NODE, fsync=False) as writer:
             edge = _Edge(writer)
+            decisions: list[bytes] = []
             for phase in range(PHASES):
                 if phase == PHASES - 1:
                     limits[LIMITED] = TenantLimits(messages_per_day=RAISED_LIMIT)
-                per_run.append(_journal_phase(edge, phase, start + phase * PHASE))
+                per_run.append(_journal_phase(edge, phase, start + phase * PHASE, decisions))
                 decided_at[0] = start + (phase + 1) * PHASE
                 pipeline.run(settings, once=True, spark=session, quota=quota)
                 versions.append(DeltaTable(str(settings.table_path("messages"))).version())
+                # What the pipeline sends the edges on $control/quota/{tenant} (retained).
+                decisions = quota_decisions(settings.table_path("quota_events"), LIMITED)
         checked = run_quality(session, settings.lake, now=end)
     finally:
         if spark is None:
@@ -298,6 +334,14 @@ def build(
             for table in sorted({r.table for r in checked})
         },
     )
+
+
+def quota_decisions(path: LakePath, tenant: str) -> list[bytes]:
+    """The tenant's quota decisions as the pipeline publishes them to the edges (the most
+    severe last), from the states it recorded in ``quota_events``."""
+    from streaming.quota import decisions, load_recorded
+
+    return decisions(tenant, load_recorded(path, f"tenant = '{tenant}'"))
 
 
 def _plain(counts: Mapping[str, Counter[str]]) -> dict[str, dict[str, int]]:

@@ -19,6 +19,7 @@ from typing import Any, TextIO
 from edgebus import lake_command
 from edgebus.lake_command import CommandError, iso
 from edgebus.usage_query import TenantUsage, UsageQuery, read_usage, usage_doc
+from schemas.names import COUNTED_QUOTAS
 
 DESCRIPTION = """\
 Show a tenant's usage counters for one UTC day (today unless --date) from the lake's Delta
@@ -26,9 +27,10 @@ table "usage", and its quota state from "quota_events".
 
 Counters (messages_in, bytes_in, sessions, ...): DAY_TOTAL is the day's total so far, summed
 across every edge (for a gauge such as sessions: the day's peak); LAST_MINUTE and LAST_VALUE
-are the latest one-minute window and its value. Quota (messages_per_day, bytes_per_day): the
-latest state the pipeline decided (ok, warn, blocked, cleared), its limit then, and the day's
-usage of the counter that measures it.
+are the latest one-minute window and its value; QUOTA names the quota metric a counter
+measures (messages_in counts messages_per_day, bytes_in bytes_per_day). Quota
+(messages_per_day, bytes_per_day): the latest state the pipeline decided (ok, warn, blocked,
+cleared), its limit then, and the day's USAGE of the counter that measures it (COUNTED_BY).
 
 Rows go to stdout, messages to stderr. Exit status: 0 (also for an unknown tenant or a lake
 the pipeline has not written usage to yet), 2 for bad arguments or a missing lake, 1 when a
@@ -96,7 +98,14 @@ def write_table(result: TenantUsage, out: TextIO) -> None:
     """A counters block and a quota block, each as aligned columns."""
     out.write(f"tenant {result.tenant}, {result.day} (UTC)\n")
     if result.counters:
-        header: tuple[str, ...] = ("METRIC", "KIND", "DAY_TOTAL", "LAST_MINUTE", "LAST_VALUE")
+        header: tuple[str, ...] = (
+            "METRIC",
+            "KIND",
+            "DAY_TOTAL",
+            "LAST_MINUTE",
+            "LAST_VALUE",
+            "QUOTA",
+        )
         cells = [
             (
                 row["metric"],
@@ -104,13 +113,14 @@ def write_table(result: TenantUsage, out: TextIO) -> None:
                 str(row["day_value"]),
                 iso(row["window_start"], "minutes"),
                 str(row["value"]),
+                COUNTED_QUOTAS.get(row["metric"], "-"),
             )
             for row in result.counters
         ]
         out.write("\n")
         lake_command.write_columns([header, *cells], out)
     if result.quota:
-        header = ("QUOTA", "STATE", "LIMIT", "USAGE", "USED", "DECIDED_AT")
+        header = ("QUOTA", "COUNTED_BY", "STATE", "LIMIT", "USAGE", "USED", "DECIDED_AT")
         out.write("\n")
         lake_command.write_columns([header, *(_quota_cells(row) for row in result.quota)], out)
 
@@ -125,6 +135,7 @@ def _quota_cells(row: dict[str, Any]) -> tuple[str, ...]:
         used = f"{100 * row['usage'] // limit}%"
     return (
         row["metric"],
+        row["usage_metric"] or "-",
         row["state"],
         "-" if limit is None else str(limit),
         str(row["usage"]),

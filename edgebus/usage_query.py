@@ -12,6 +12,12 @@ only the tenant's files are opened:
   beside it.
 - ``quota_events`` again for the history: every change of the tenant's states in a time
   range, newest first.
+
+Usage metrics and quota metrics name each other in every answer: a counter row's
+``quota_metric`` is the quota metric it counts (``messages_in``: ``messages_per_day``; null for
+the others), a quota row's ``usage_metric`` the counter that measures it. Both come from the
+metric's name (``schemas.names``), so rows written before the tables had those columns say
+it too.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgebus import lake_command
 from edgebus.lake_command import CommandError, iso, sql_date, sql_string, sql_timestamp
+from schemas.names import COUNTED_QUOTAS, QUOTA_METRICS
 from sinks.storage import LakePath
 
 if TYPE_CHECKING:
@@ -84,7 +91,7 @@ def read_usage(
 ) -> TenantUsage:
     """The tenant's counters and quota state, or :class:`CommandError`; ``notes`` say what is
     missing (no table yet, nothing for this tenant)."""
-    from streaming.quota import QUOTA_METRICS, load_recorded
+    from streaming.quota import load_recorded
 
     result = TenantUsage(query.tenant, query.day)
     opener = open_table or partial(lake_command.open_table, lake)
@@ -112,6 +119,7 @@ def read_usage(
         result.quota.append(
             {
                 "metric": event.metric,
+                "usage_metric": QUOTA_METRICS.get(event.metric),
                 "state": event.state,
                 "limit": event.limit,
                 "usage": day_totals.get(QUOTA_METRICS.get(event.metric, ""), 0),
@@ -136,6 +144,7 @@ def usage_doc(result: TenantUsage) -> dict[str, Any]:
         "counters": [
             {
                 "metric": row["metric"],
+                "quota_metric": COUNTED_QUOTAS.get(row["metric"]),
                 "kind": row["kind"],
                 "day_total": row["day_value"],
                 "last_window_start": iso(row["window_start"]),
@@ -179,4 +188,11 @@ def quota_history(quota: DeltaTable | None, query: QuotaHistory) -> list[dict[st
     if quota is None:
         return []
     rows = lake_command.query(quota, QUOTA_TABLE, query.sql())
-    return [{**row, "decided_at": iso(row["decided_at"])} for row in rows]
+    return [
+        {
+            **row,
+            "usage_metric": QUOTA_METRICS.get(row["metric"]),
+            "decided_at": iso(row["decided_at"]),
+        }
+        for row in rows
+    ]

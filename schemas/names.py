@@ -62,8 +62,12 @@ COUNTER_METRICS = (
 )
 GAUGE_METRICS = frozenset({"sessions", "subscriptions", "retained"})
 
-# Quota metric (a daily limit's name in the tenants file) -> the counter metric that measures it.
+# Quota metric (a daily limit's name in the tenants file) -> the counter metric that measures it
+# (the ``usage_metric`` column of ``quota_events``).
 QUOTA_METRICS: dict[str, str] = {"messages_per_day": "messages_in", "bytes_per_day": "bytes_in"}
+# ... and the other way: counter metric -> the quota metric it counts (the ``quota_metric``
+# column of ``usage``); a counter no quota is measured by is not in it.
+COUNTED_QUOTAS: dict[str, str] = {counter: quota for quota, counter in QUOTA_METRICS.items()}
 
 # The tables whose history expires -> the key that says how many whole days besides today they
 # keep (0: forever): in ``[pipeline]`` for every tenant, in a tenant's entry of the tenants file

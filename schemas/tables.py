@@ -27,7 +27,10 @@ from schemas.usage import (
 )
 
 # One row per publish on a tenant's own topics (anything not starting with "$"). ``(node, seq)``
-# is the journal record's identity; ``date`` is the UTC date of ``ts``.
+# is the journal record's identity; ``date`` is the UTC date of ``ts``. ``payload_text`` is the
+# payload as text when it is valid UTF-8 (an empty payload: ""), null when it is not: made on
+# the executors as the rows are written (MESSAGES_DERIVED), null on rows written before the
+# column existed.
 MESSAGES_SCHEMA = pa.schema(
     [
         pa.field("node", pa.string(), nullable=False),
@@ -40,6 +43,7 @@ MESSAGES_SCHEMA = pa.schema(
         pa.field("qos", pa.int8(), nullable=False),
         pa.field("retain", pa.bool_(), nullable=False),
         pa.field("payload", pa.binary(), nullable=False),
+        pa.field("payload_text", pa.string(), nullable=True),
         pa.field("content_type", pa.string(), nullable=True),
         pa.field("user_properties", pa.list_(USER_PROPERTY), nullable=True),
         pa.field("size", pa.int32(), nullable=False),
@@ -47,6 +51,15 @@ MESSAGES_SCHEMA = pa.schema(
 )
 
 MESSAGES_PARTITION_BY: tuple[str, ...] = ("tenant", "date")
+
+# The ``messages`` columns the JVM derives from the others as it writes them (Spark SQL over
+# the row), never computed in Python: the route's rows (MESSAGES_ROUTED_SCHEMA) lack them.
+# ``try_validate_utf8`` is null for a payload that is not UTF-8 (overlong forms and surrogates
+# included); a cast alone would keep the invalid bytes.
+MESSAGES_DERIVED: Mapping[str, str] = MappingProxyType(
+    {"payload_text": "try_validate_utf8(CAST(payload AS STRING))"}
+)
+MESSAGES_ROUTED_SCHEMA = pa.schema([f for f in MESSAGES_SCHEMA if f.name not in MESSAGES_DERIVED])
 
 # One row per publish on a log topic ``$log/{origin}/{event}`` (schemas.payloads), the source of
 # ``edgebus logs``. ``(node, seq)``, ``ts`` and ``date`` come from the journal record like in
@@ -58,6 +71,12 @@ MESSAGES_PARTITION_BY: tuple[str, ...] = ("tenant", "date")
 # the payload as published (null on valid rows); the fields that did parse are filled in, and
 # ``origin``/``event_type`` fall back to the topic's levels. Such rows are also copied to
 # ``quarantine`` (below).
+#
+# The typed columns after ``details`` are the details most events carry, read out of it
+# (``streaming.logs.typed_details``, which says which key of which event fills each); null when
+# the event's details have no such field (or one of another type), and on rows written before
+# the columns existed. ``metric``, ``limit`` and ``value`` mean what they mean in
+# ``quota_events``: the limit's name, the limit, the measured value.
 LOGS_SCHEMA = pa.schema(
     [
         pa.field("node", pa.string(), nullable=False),
@@ -70,6 +89,13 @@ LOGS_SCHEMA = pa.schema(
         pa.field("event_type", pa.string(), nullable=True),
         pa.field("client_id", pa.string(), nullable=True),  # "" for tenant-wide events
         pa.field("details", pa.string(), nullable=True),  # the JSON text of the details object
+        pa.field("reason", pa.string(), nullable=True),  # why, in words
+        pa.field("reason_code", pa.int32(), nullable=True),  # an MQTT reason/return code
+        pa.field("topic", pa.string(), nullable=True),  # the topic or topic filter
+        pa.field("qos", pa.int8(), nullable=True),
+        pa.field("metric", pa.string(), nullable=True),  # the limit's name
+        pa.field("limit", pa.int64(), nullable=True),  # the limit's value
+        pa.field("value", pa.int64(), nullable=True),  # the value measured against it
         pa.field("time", pa.string(), nullable=True),  # the payload's ISO time, as sent
         pa.field("payload_valid", pa.bool_(), nullable=False),
         pa.field("invalid_reason", pa.string(), nullable=True),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from schemas import topics
+from schemas.names import COUNTED_QUOTAS
 from schemas.names import COUNTER_KINDS as COUNTER_KINDS  # noqa: PLC0414 (re-exported)
 from schemas.names import COUNTER_METRICS as COUNTER_METRICS  # noqa: PLC0414 (re-exported)
 from schemas.names import GAUGE_METRICS as GAUGE_METRICS  # noqa: PLC0414 (re-exported)
@@ -96,11 +97,16 @@ USAGE_PARTIAL_SCHEMA = pa.schema(
 #   day_value  the UTC day so far, through this window: counters a running total (the day's
 #              usage), gauges a running maximum (the day's peak).
 #   nodes      each node's part of ``value``, sorted by node.
+#   quota_metric  the quota metric this counter measures (``messages_in`` counts
+#              ``messages_per_day``, ``bytes_in`` ``bytes_per_day``: ``quota_events.metric``),
+#              null for a metric no quota is measured by (sessions, ...) and on rows written
+#              before the column existed (a lake upgraded in place).
 # ``date`` is the UTC date of ``window_start``. Unique on USAGE_KEY.
 USAGE_SCHEMA = pa.schema(
     [
         pa.field("tenant", pa.string(), nullable=False),
         pa.field("metric", pa.string(), nullable=False),
+        pa.field("quota_metric", pa.string(), nullable=True),
         pa.field("kind", pa.string(), nullable=False),
         pa.field("window_start", _TS, nullable=False),
         pa.field("window_end", _TS, nullable=False),
@@ -122,12 +128,15 @@ raised or removed the same UTC day) or ``ok`` (a new UTC day started)."""
 
 # One row per change of a tenant's quota state for one metric (``messages_per_day``,
 # ``bytes_per_day``: the limit's name). ``limit`` is null when the tenant has no such limit any
-# more; ``value`` is the day's usage when decided; ``batch_id`` the usage job's micro-batch that
-# decided it; ``date`` the UTC date of ``decided_at``.
+# more; ``value`` is the day's usage when decided, of the counter ``usage_metric`` names (the
+# ``usage`` table's ``metric``: ``messages_in`` for ``messages_per_day``, ``bytes_in`` for
+# ``bytes_per_day``; null only on rows written before the column existed); ``batch_id`` the
+# usage job's micro-batch that decided it; ``date`` the UTC date of ``decided_at``.
 QUOTA_EVENTS_SCHEMA = pa.schema(
     [
         pa.field("tenant", pa.string(), nullable=False),
         pa.field("metric", pa.string(), nullable=False),
+        pa.field("usage_metric", pa.string(), nullable=True),
         pa.field("limit", pa.int64(), nullable=True),
         pa.field("value", pa.int64(), nullable=False),
         pa.field("state", pa.string(), nullable=False),
@@ -138,3 +147,14 @@ QUOTA_EVENTS_SCHEMA = pa.schema(
 )
 
 QUOTA_EVENTS_PARTITION_BY: tuple[str, ...] = ("tenant", "date")
+
+
+def named_metric_sql(column: str, names: dict[str, str]) -> str:
+    """A SQL expression (Spark, DataFusion) mapping the metric in ``column`` by ``names``
+    (:data:`COUNTED_QUOTAS` or :data:`QUOTA_METRICS`), null for a metric it does not name."""
+    cases = " ".join(f"WHEN '{key}' THEN '{value}'" for key, value in sorted(names.items()))
+    return f"CASE {column} {cases} END"
+
+
+# The ``quota_metric`` of a ``usage`` row from its ``metric``, in SQL (the usage step's writes).
+QUOTA_METRIC_SQL = named_metric_sql("metric", COUNTED_QUOTAS)

@@ -130,9 +130,10 @@ class DeltaTableWriter:
 
     def ensure(self, spark: SparkSession) -> None:
         """Create the table (empty, with the declared schema, partitioning and properties) if
-        it is not there yet, or give a table made before the properties it lacks. Creating it
-        first keeps its schema the declared one: the nullability and types of ``schemas/``,
-        not whatever a first batch happens to carry. Checked once per writer."""
+        it is not there yet, or give a table made before the properties and the columns it
+        lacks (:meth:`upgrade`). Creating it first keeps its schema the declared one: the
+        nullability and types of ``schemas/``, not whatever a first batch happens to carry.
+        Checked once per writer."""
         if self._ensured:
             return
         from delta.tables import DeltaTable as SparkDeltaTable
@@ -144,6 +145,7 @@ class DeltaTableWriter:
                 settings = ", ".join(f"'{k}' = '{v}'" for k, v in missing.items())
                 spark.sql(f"ALTER TABLE delta.`{self._path}` SET TBLPROPERTIES ({settings})")
                 logger.info("%s: set %s", self._path, settings)
+            self.upgrade(spark)
             self._ensured = True
             return
         builder = (
@@ -158,6 +160,38 @@ class DeltaTableWriter:
         builder.execute()
         self._ensured = True
         logger.info("%s: created Delta table partitioned by %s", self._path, self._partition_by)
+
+    def upgrade(self, spark: SparkSession) -> list[str]:
+        """Give the table the columns of the declared schema it lacks (a table written by an
+        older edgebus); the names of the columns added ([] without a table).
+
+        Columns are added where the declared schema has them (``ADD COLUMNS ... AFTER``, one
+        commit, Delta's schema evolution: metadata only, no data file is rewritten), so the
+        table's schema is the declared one again; the rows written before read null in them.
+        Only a table whose columns are all declared, and which lacks only nullable ones, is
+        upgraded: another is left as it is, for the schema check to refuse before a write.
+        The app transactions are untouched: the next batch is recognised as the next one, a
+        replayed one as a replay."""
+        if not _is_table(self._location):
+            return []
+        stored = {field.name for field in open_delta(self._location).schema().fields}
+        declared = spark_schema(self._schema)
+        added = [field for field in declared if field.name not in stored]
+        if (
+            not added
+            or not stored <= set(declared.names)
+            or any(not field.nullable for field in added)
+        ):
+            return []
+        names = declared.names
+        columns = []
+        for field in added:
+            index = names.index(field.name)
+            where = "FIRST" if index == 0 else f"AFTER {_backticked(names[index - 1])}"
+            columns.append(f"{_backticked(field.name)} {field.dataType.simpleString()} {where}")
+        spark.sql(f"ALTER TABLE delta.`{self._path}` ADD COLUMNS ({', '.join(columns)})")
+        logger.info("%s: added columns %s", self._path, ", ".join(columns))
+        return [field.name for field in added]
 
     def append(self, batch_id: int, rows: DataFrame) -> int | None:
         """Append ``rows`` as batch ``batch_id``, exactly once: the rows and the app transaction
@@ -646,3 +680,8 @@ def _is_table(path: LakePath | str) -> bool:
 
 def _quote(identifier: str) -> str:
     return '"' + identifier.replace('"', '""') + '"'
+
+
+def _backticked(identifier: str) -> str:
+    """A Spark SQL identifier (``limit`` is a keyword)."""
+    return "`" + identifier.replace("`", "``") + "`"

@@ -3,7 +3,9 @@
 Theory of operation: the pipeline's route (``streaming.route``, run on the executors) hands
 this step the records meant for it: the tenants' own traffic (topics starting with ``$`` are
 log, counter and control traffic and go to their own tables). :func:`split` applies the message
-contract (``schemas.contracts.MESSAGE_RULES``) and derives ``date`` and ``size``; the pipeline
+contract (``schemas.contracts.MESSAGE_RULES``) and derives ``date`` and ``size``; the columns the
+JVM derives as it writes (``payload_text``: ``schemas.tables.MESSAGES_DERIVED``, added by
+``streaming.route.share``) are not made here, in Python, on the hot path. The pipeline
 appends the rows through a :class:`~sinks.delta.DeltaTableWriter`, which commits the batch id
 as a Delta app transaction in the same commit as the rows: a batch replayed after a crash is
 recognised and skipped. Records that break the contract go to ``quarantine``.
@@ -15,7 +17,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from schemas.contracts import MESSAGE_RULES, first_broken, rows_where
-from schemas.tables import MESSAGES_PARTITION_BY, MESSAGES_SCHEMA, utc_date
+from schemas.tables import (
+    MESSAGES_PARTITION_BY,
+    MESSAGES_ROUTED_SCHEMA,
+    MESSAGES_SCHEMA,
+    utc_date,
+)
 from sinks.delta import DeltaTableWriter
 from sinks.quarantine import quarantine_rows
 from streaming.settings import PipelineSettings
@@ -33,15 +40,17 @@ def accepts(topics: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
 
 
 def transform(records: pa.Table) -> pa.Table:
-    """Journal rows (``JOURNAL_SCHEMA``) to ``messages`` rows, in table order and types."""
+    """Journal rows (``JOURNAL_SCHEMA``) to ``messages`` rows, in table order and types, less
+    the columns the JVM derives (``MESSAGES_ROUTED_SCHEMA``)."""
     derived = {
         "date": utc_date(records.column("ts")),
         "size": pc.cast(pc.binary_length(records.column("payload")), pa.int32()),
     }
     columns = [
-        derived[name] if name in derived else records.column(name) for name in MESSAGES_SCHEMA.names
+        derived[name] if name in derived else records.column(name)
+        for name in MESSAGES_ROUTED_SCHEMA.names
     ]
-    return pa.Table.from_arrays(columns, schema=MESSAGES_SCHEMA)
+    return pa.Table.from_arrays(columns, schema=MESSAGES_ROUTED_SCHEMA)
 
 
 def split(records: pa.Table) -> tuple[pa.Table, pa.Table]:

@@ -29,7 +29,7 @@ from deltalake.exceptions import DeltaError
 from pyspark.sql import DataFrame, SparkSession
 
 from schemas.tables import TABLES, TableSpec
-from sinks.delta import conform, run_sql
+from sinks.delta import conform, run_sql, spark_schema
 from sinks.errors import SinkSchemaError
 from sinks.storage import (
     LakePath,
@@ -127,16 +127,24 @@ def load_arrow(
     timestamp: datetime | None = None,
     where: str | None = None,
 ) -> pa.Table:
-    """The rows of ``table`` (in no particular order) with exactly its schema, as Arrow."""
+    """The rows of ``table`` (in no particular order) with exactly its schema, as Arrow.
+
+    A version written before a column existed (or a lake the pipeline has not upgraded yet)
+    reads null in it."""
     schema = table_spec(table).schema
     delta = open_table(lake, table, version=version, timestamp=timestamp)
-    columns = ", ".join('"' + name.replace('"', '""') + '"' for name in schema.names)
+    stored = {field.name for field in delta.schema().fields}
+    present = [name for name in schema.names if name in stored]
+    columns = ", ".join('"' + name.replace('"', '""') + '"' for name in present)
     # The query is read-only over this one table; the condition is SQL by contract.
     sql = f"SELECT {columns} FROM {_QUERY_TABLE}"  # noqa: S608
     if where:
         sql += f" WHERE {where}"
     try:
         result = run_sql(delta, _QUERY_TABLE, sql)
+        for field in schema:
+            if field.name not in stored:
+                result = result.append_column(field, pa.nulls(result.num_rows, field.type))
         # DataFusion answers with view types (string_view, binary_view); hand back the table's.
         return conform(result, schema)
     except (DeltaError, SinkSchemaError) as exc:
@@ -168,6 +176,16 @@ def load(
         rows = reader.load(spark_uri(path))
     except Exception as exc:  # py4j wraps Delta's errors; the message says which
         raise LakeError(f"{path}: cannot load the table: {exc}") from exc
+    # A version written before a column existed reads null in it, as load_arrow's does.
+    declared = spark_schema(table_spec(table).schema)
+    missing = [field for field in declared if field.name not in rows.columns]
+    if missing:
+        from pyspark.sql import functions as F  # noqa: N812 (pyspark's own convention)
+
+        rows = rows.select(
+            *[F.col(f"`{name}`") for name in rows.columns],
+            *[F.lit(None).cast(field.dataType).alias(field.name) for field in missing],
+        )
     return rows.where(where) if where else rows
 
 

@@ -7,7 +7,9 @@ time, date and tenant come from the journal record, never from the payload: a pa
 move a row to another tenant's or day's partition. A payload that breaks the contract is kept
 with ``payload_valid = false``, the first rule it failed and its raw bytes (ARCHITECTURE rule
 5), and is also returned for ``quarantine``; whatever did parse is filled in, and
-``origin``/``event_type`` fall back to the topic's levels. Rows go to an idempotent
+``origin``/``event_type`` fall back to the topic's levels. The typed columns (``reason``,
+``reason_code``, ``topic``, ``qos``, ``metric``, ``limit``, ``value``) are read out of the
+details by :func:`typed_details`, valid payload or not. Rows go to an idempotent
 :class:`~sinks.delta.DeltaTableWriter` as in :mod:`streaming.history`, so a replayed batch is
 skipped.
 """
@@ -46,8 +48,41 @@ _TYPES: dict[str, type] = {
     if field.name != "details"
 }
 
+# The typed columns read out of the details (typed_details), in the table's order.
+TYPED = ("reason", "reason_code", "topic", "qos", "metric", "limit", "value")
+
 # The columns transform parses out of the payload, in the table's order.
-_PARSED = ("origin", "event_type", "client_id", "details", "time")
+_PARSED = ("origin", "event_type", "client_id", "details", *TYPED, "time")
+
+# Where each typed column comes from: the first of these details keys whose value has the
+# column's type (a string, or an integer in the column's range; never a boolean) ...
+_KEYS: dict[str, tuple[str, ...]] = {
+    "reason": ("reason", "error"),  # tls_handshake_failed, link_refused, journal_full; errors
+    "reason_code": ("reason_code",),  # disconnect, malformed_packet
+    "topic": ("topic", "topic_filter"),  # acl_denied, limit_exceeded (a publish); subscribe
+    "qos": ("qos",),  # acl_denied, limit_exceeded (a publish)
+    "metric": ("metric",),  # quota_warn, quota_blocked, quota_cleared, quota_reached
+    "limit": ("limit",),
+    "value": ("value",),
+}
+# ... unless the event names them otherwise: ``limit_exceeded`` calls the limit's name
+# ``limit``, its value ``value`` and a refused publish's payload size ``size``.
+_EVENT_KEYS: dict[str, dict[str, tuple[str, ...]]] = {
+    "limit_exceeded": {"metric": ("limit",), "limit": ("value",), "value": ("size",)},
+}
+# A SUBSCRIBE or UNSUBSCRIBE that named one filter (nearly all do): that filter is the topic,
+# and a SUBACK's one reason code the reason code (the granted QoS, when below 0x80). With
+# several filters these stay null; ``details`` has the lists.
+_ONE_FILTER_EVENTS = frozenset({"subscribe", "unsubscribe"})
+_GRANTED_QOS_BELOW = 0x80
+# The range of each integer column.
+_INT64 = (-(2**63), 2**63 - 1)
+_RANGES: dict[str, tuple[int, int]] = {
+    "reason_code": (-(2**31), 2**31 - 1),
+    "qos": (0, 2),
+    "limit": _INT64,
+    "value": _INT64,
+}
 
 
 def accepts(topics: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
@@ -66,14 +101,56 @@ def parse(topic: str, tenant: str, payload: bytes) -> dict[str, Any]:
         event[name] = value if valid else None
     details = doc.get("details") if doc is not None else None
     levels = topic.split("/")
+    event_type = event["event"] if event["event"] is not None else _level(levels, 2)
     return {
         "origin": event["origin"] if event["origin"] is not None else _level(levels, 1),
-        "event_type": event["event"] if event["event"] is not None else _level(levels, 2),
+        "event_type": event_type,
         "client_id": event["client_id"],
         "details": _compact(details) if isinstance(details, dict) else None,
+        **typed_details(event_type, details if isinstance(details, dict) else None),
         "time": event["time"],
         "invalid_reason": _invalid_reason(doc, event, details, topic, tenant),
     }
+
+
+def typed_details(event_type: str | None, details: dict[str, Any] | None) -> dict[str, Any]:
+    """The typed columns of a ``logs`` row (:data:`TYPED`) out of its event's ``details``:
+    each from the first details key :data:`_KEYS` (or, for some events, :data:`_EVENT_KEYS`)
+    names whose value has the column's type; None where there is none."""
+    typed: dict[str, Any] = dict.fromkeys(TYPED)
+    if details is None:
+        return typed
+    keys = _KEYS | _EVENT_KEYS.get(event_type or "", {})
+    for name in TYPED:
+        bounds = _RANGES.get(name)
+        for key in keys[name]:
+            value = _typed(details.get(key), bounds)
+            if value is not None:
+                typed[name] = value
+                break
+    if event_type in _ONE_FILTER_EVENTS:
+        filters = details.get("topic_filters")
+        if isinstance(filters, list) and len(filters) == 1 and isinstance(filters[0], str):
+            typed["topic"] = filters[0]
+        codes = details.get("reason_codes")
+        if isinstance(codes, list) and len(codes) == 1:
+            code = _typed(codes[0], _RANGES["reason_code"])
+            typed["reason_code"] = code
+            if isinstance(code, int) and code < _GRANTED_QOS_BELOW:
+                typed["qos"] = _typed(code, _RANGES["qos"])
+    return typed
+
+
+def _typed(value: object, bounds: tuple[int, int] | None) -> str | int | None:
+    """``value`` if it has the column's type: a string (``bounds`` None), or an integer within
+    ``bounds`` (a float with an integer value too: JSON does not tell 3 from 3.0)."""
+    if bounds is None:
+        return value if isinstance(value, str) else None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and bounds[0] <= value <= bounds[1]:
+        return value
+    return None
 
 
 def _invalid_reason(

@@ -33,6 +33,12 @@ Only small results reach the driver: the per-destination counts of the second re
 step's day totals per tenant and metric, the quota step's decisions. The
 driver's memory does not grow with the batch (BENCHMARKS.md, issue 18).
 
+Upgrades in place: when the query starts, each table an older edgebus wrote gets the columns
+of ``schemas/`` it lacks (:meth:`~sinks.delta.DeltaTableWriter.upgrade`: Delta's schema
+evolution, one metadata commit, the rows written before null in them), before any batch, so
+readers see them at once; the app transactions carry on, so the old lake continues exactly
+once.
+
 Retention (issue 9): once a batch is in every table *and* Spark has marked it done in the
 checkpoint (``commits/{batch_id}``), each node's last seq in it is what the lake holds of that
 node's journal for good: no replay will ask for those records again. With edges to tell
@@ -285,6 +291,9 @@ def _start(
     fanout = TableFanout(settings, quota, notices, edge_token, metrics)
     for writer in fanout.writers:
         check_checkpoint(checkpoint, writer)
+        # A table an older edgebus wrote gets the columns it lacks now, before any batch: its
+        # readers see them at once (null in the rows written before).
+        writer.upgrade(spark)
     # The journal query and the other tables read through it; their catch-up comes first.
     route.register(spark)
     fanout.start(spark)

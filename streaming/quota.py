@@ -101,10 +101,16 @@ class QuotaEvent:
         """The state the edges get: ``cleared`` and ``ok`` are both ``ok`` to them."""
         return "ok" if self.state == "cleared" else self.state
 
+    @property
+    def usage_metric(self) -> str | None:
+        """The ``usage`` metric (a counter) that measures this quota metric."""
+        return QUOTA_METRICS.get(self.metric)
+
     def row(self) -> dict[str, object]:
         return {
             "tenant": self.tenant,
             "metric": self.metric,
+            "usage_metric": self.usage_metric,
             "limit": self.limit,
             "value": self.value,
             "state": self.state,

@@ -38,6 +38,10 @@ The wire: ``user_properties`` (a list of structs) crosses from Python to the JVM
 empty list as ``""``, so the JVM parses JSON only for the records that have properties. Spark's
 Arrow conversion of a list of structs costs about 100 µs a row (measured: 10 s for 100,000
 rows, nearly all of them null) against well under 1 µs for a string.
+
+Columns derived from others (``payload_text``: ``schemas.tables.MESSAGES_DERIVED``) are not
+routed at all: :func:`share` adds them as Spark SQL expressions, evaluated by the executors'
+JVM as the rows are written, so neither the route nor the wire carries them.
 """
 
 from __future__ import annotations
@@ -62,7 +66,12 @@ from ingest.source import (
 )
 from schemas.contracts import RECORD_RULES, first_broken, rows_where
 from schemas.journal import JOURNAL_SCHEMA
-from schemas.tables import LOGS_SCHEMA, MESSAGES_SCHEMA, QUARANTINE_SCHEMA
+from schemas.tables import (
+    LOGS_SCHEMA,
+    MESSAGES_DERIVED,
+    MESSAGES_ROUTED_SCHEMA,
+    QUARANTINE_SCHEMA,
+)
 from schemas.usage import COUNTER_RECORD_SCHEMA
 from sinks.delta import conform, spark_schema
 from sinks.quarantine import quarantine_rows
@@ -79,9 +88,10 @@ QUARANTINE = "quarantine"
 # Where a record that breaks the record contract was meant to go when no step takes it.
 UNROUTED = "none"
 
-# Each destination's own schema; the routed rows hold the union of their columns.
+# Each destination's own schema (for messages, less what the JVM derives: see share); the routed
+# rows hold the union of their columns.
 DESTINATIONS: dict[str, pa.Schema] = {
-    MESSAGES: MESSAGES_SCHEMA,
+    MESSAGES: MESSAGES_ROUTED_SCHEMA,
     LOGS: LOGS_SCHEMA,
     COUNTERS: COUNTER_RECORD_SCHEMA,
     QUARANTINE: QUARANTINE_SCHEMA,
@@ -115,7 +125,7 @@ def _wire(schema: pa.Schema) -> pa.Schema:
     return schema.set(index, schema.field(index).with_type(pa.string()))
 
 
-MESSAGES_WIRE_SCHEMA = _wire(MESSAGES_SCHEMA)
+MESSAGES_WIRE_SCHEMA = _wire(MESSAGES_ROUTED_SCHEMA)
 OTHERS_WIRE_SCHEMA = _wire(OTHERS_SCHEMA)
 
 # The options of a batch read of one journal range (:func:`read_others`): offsets as JSON.
@@ -164,7 +174,7 @@ def messages_wire(journal: pa.Table) -> pa.Table:
     """The ``messages`` rows of journal records on the wire (:data:`MESSAGES_WIRE_SCHEMA`):
     what the stream of :class:`RoutedJournal` hands to the JVM."""
     rows = [rows for dest, rows in route_parts(journal) if dest == MESSAGES]
-    table = rows[0] if rows else MESSAGES_SCHEMA.empty_table()
+    table = rows[0] if rows else MESSAGES_ROUTED_SCHEMA.empty_table()
     return _on_wire(table, MESSAGES_WIRE_SCHEMA)
 
 
@@ -315,7 +325,8 @@ def _to_json(lists: pa.ChunkedArray) -> pa.Array:
 def share(routed: DataFrame, dest: str) -> DataFrame:
     """The routed rows for ``dest`` with that destination's columns (``user_properties``
     parsed back from its JSON text on the wire): the stream's rows for ``messages`` (all of
-    them), a second read's rows with ``dest`` naming the table for the others."""
+    them, with the columns the JVM derives: ``MESSAGES_DERIVED``), a second read's rows with
+    ``dest`` naming the table for the others."""
     from pyspark.sql import functions as F  # noqa: N812 (pyspark's own convention)
 
     schema = DESTINATIONS[dest]
@@ -325,7 +336,9 @@ def share(routed: DataFrame, dest: str) -> DataFrame:
         else F.col(f"`{name}`")
         for name in schema.names
     ]
-    if dest != MESSAGES:
+    if dest == MESSAGES:
+        columns += [F.expr(sql).alias(name) for name, sql in MESSAGES_DERIVED.items()]
+    else:
         routed = routed.where(F.col("dest") == dest)
     return routed.select(*columns)
 

@@ -66,6 +66,7 @@ from schemas.usage import (
     COUNTER_RECORD_SCHEMA,
     COUNTERS_TOPIC_PREFIX,
     EDGE_CLIENT_ID,
+    QUOTA_METRIC_SQL,
     USAGE_PARTITION_BY,
     USAGE_SCHEMA,
 )
@@ -462,8 +463,14 @@ def _plan(parts: DataFrame, stored: DataFrame) -> Replacement[dict[GroupKey, Day
     # Changed rows and the rows kept from replaced files go to files of their own: the next
     # batch most likely changes the same rows again, and then their file holds only those.
     kinds = [WRITE, KEEP] if any(row["kept"] for row in small if row[ENTRY] == FILE) else [WRITE]
+    # Each row's quota_metric from its metric, the kept rows' too (rows written before the
+    # column existed hold null there).
+    columns = [
+        F.expr(QUOTA_METRIC_SQL).alias(name) if name == "quota_metric" else F.col(name)
+        for name in USAGE_SCHEMA.names
+    ]
     return Replacement(
-        rows=[planned.where(F.col(ENTRY) == kind).select(*USAGE_SCHEMA.names) for kind in kinds],
+        rows=[planned.where(F.col(ENTRY) == kind).select(*columns) for kind in kinds],
         replaced=replaced,
         result=totals,
         release=planned.unpersist,

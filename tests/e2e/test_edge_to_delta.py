@@ -58,6 +58,8 @@ def _publish_acked(port: int, count: int, prefix: str) -> list[bytes]:
     client.connect("127.0.0.1", port)
     client.loop_start()
     try:
+        # Logged by the edge before the publishes it acknowledges (the logs' typed columns).
+        client.subscribe(f"cmd/{prefix}/#", qos=1)
         infos = []
         for i in range(count):
             payload = f'{{"vehicle":"{prefix}","i":{i}}}'.encode()
@@ -156,3 +158,15 @@ def _assert_every_record_in_its_table_once(data_dir: Path, lake: Path) -> None:
     else:
         assert not (lake / "usage").exists()
     assert not (lake / "quarantine").exists(), "a valid record was quarantined"
+    # What an analyst reads without parsing (issue 16 part 4), as a real edge's events and
+    # payloads make it: each client's SUBSCRIBE, its filter, QoS and SUBACK code as columns,
+    # and every payload as text.
+    subscribes = read_table(
+        lake / "logs", "event_type = 'subscribe'", ["client_id", "topic", "qos", "reason_code"]
+    ).to_pylist()
+    assert sorted(tuple(row.values()) for row in subscribes) == [
+        ("pub-a", "cmd/a/#", 1, 1),
+        ("pub-b", "cmd/b/#", 1, 1),
+    ]
+    messages = read_table(lake / "messages", columns=["payload", "payload_text"]).to_pylist()
+    assert all(row["payload_text"] == row["payload"].decode() for row in messages)

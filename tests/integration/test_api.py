@@ -309,6 +309,9 @@ def test_quota_state_and_history(client: httpx.Client) -> None:
         ("messages_per_day", "warn", 200),
         ("bytes_per_day", "cleared", 9000),
     ]
+    # Each quota metric names the usage counter that measures it, in the state and the history.
+    named = {(q["metric"], q["usage_metric"]) for q in [*doc["state"], *doc["history"]]}
+    assert named == {("messages_per_day", "messages_in"), ("bytes_per_day", "bytes_in")}
     history = [(h["decided_at"], h["state"]) for h in doc["history"]]
     assert history == sorted(history, reverse=True)
     assert len(history) == 7  # every change of acme's, none of other's

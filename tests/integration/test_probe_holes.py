@@ -146,6 +146,7 @@ def test_a_refused_will_is_never_published_and_an_allowed_one_is(tenant_edge: An
         assert json.loads(event.payload)["details"] == {
             "action": "will",
             "topic": "$counters/messages_in",
+            "qos": 0,
         }
         # Allowed: the connection then drops without DISCONNECT and the will goes out.
         with socket.create_connection(("127.0.0.1", tenant_edge.port), timeout=TIMEOUT) as sock:

@@ -172,7 +172,7 @@ def test_acl_denials_and_their_log_events(v5, make_client, tenant_edge):
     assert ro.publish("fleet/v1/telemetry", b"ok").value == 0
     first, second = watcher.events("acl_denied"), watcher.events("acl_denied")
     assert first["details"] == {"action": "subscribe", "topic_filter": "other/#"}
-    assert second["details"] == {"action": "publish", "topic": "fleet/v1/status"}
+    assert second["details"] == {"action": "publish", "topic": "fleet/v1/status", "qos": 1}
     v3 = make_client("ro-v3", port=tenant_edge.port, username="acme-ro")
     granted: queue.Queue[Any] = queue.Queue()
     v3.paho.on_subscribe = lambda c, u, mid, codes, p: granted.put(codes)

@@ -172,6 +172,14 @@ def test_tenant_logs_and_quota(demo: dict[str, Any], tmp_path: Path) -> None:
         ("messages_per_day", "cleared", RAISED_LIMIT, usage[2]),
     ]
     assert shown["usage-vs-limit"] == {"messages_per_day": ("cleared", usage[-1], RAISED_LIMIT)}
+    # The typed columns of logs, read without parsing: the quota events the edge's own code
+    # logged for the pipeline's decisions (run 3's came after the last phase), and the
+    # disconnects as a real edge's (a DISCONNECT sent, a keepalive run out: 0x8D).
+    assert shown["quota-in-logs"] == [
+        ("quota_warn", "messages_per_day", FIRST_LIMIT, usage[0]),
+        ("quota_blocked", "messages_per_day", FIRST_LIMIT, usage[1]),
+    ]
+    assert shown["disconnects"] == [("veh-03", None), ("veh-04", 0x8D)]
 
 
 def test_edgebus_quality_over_the_demo_lake(demo: dict[str, Any]) -> None:

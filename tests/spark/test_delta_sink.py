@@ -38,6 +38,7 @@ def message(seq: int, *, tenant: str = "acme", day: int = 9, **overrides: Any) -
         "qos": 1,
         "retain": False,
         "payload": b"abc",
+        "payload_text": "abc",
         "content_type": None,
         "user_properties": [{"key": "k", "value": str(seq)}],
         "size": 3,
@@ -313,3 +314,33 @@ def test_spark_batches_of_empty_lists_reach_every_table(
     assert quarantined.column("user_properties").to_pylist() == [[]] * 3
     logs = read_table(settings.table_path("logs"), columns=["seq", "payload_valid"])
     assert sorted(logs.column("seq").to_pylist()) == [2, 4, 6]
+
+
+def test_a_table_written_before_a_column_existed_gets_it_and_carries_on(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Schema evolution (issue 16 part 4): a table made with an older schema (no
+    ``payload_text``) gets the column where the declared schema has it, in one metadata
+    commit; the old rows read null there, and the app transaction carries on."""
+    older = pa.schema([field for field in MESSAGES_SCHEMA if field.name != "payload_text"])
+    old_writer = DeltaTableWriter(tmp_path / "messages", APP, older, MESSAGES_PARTITION_BY)
+    old_row = {k: v for k, v in message(1).items() if k != "payload_text"}
+    old_writer.append(0, spark.createDataFrame([old_row], schema=spark_schema(older)))
+    version = DeltaTable(str(tmp_path / "messages")).version()
+
+    writer = DeltaTableWriter(tmp_path / "messages", APP, MESSAGES_SCHEMA, MESSAGES_PARTITION_BY)
+    writer.append(0, frame(spark, message(1)))  # a replay: skipped, upgraded or not
+    writer.append(1, frame(spark, message(2)))
+
+    delta = DeltaTable(str(tmp_path / "messages"))
+    assert pa.schema(delta.schema().to_arrow()).names == MESSAGES_SCHEMA.names
+    history = [entry["operation"] for entry in delta.history()]
+    assert history[:2] == ["WRITE", "ADD COLUMNS"]
+    assert delta.version() == version + 2
+    back = read_table(writer.path, columns=["seq", "payload_text"]).sort_by("seq")
+    assert back.to_pylist() == [
+        {"seq": 1, "payload_text": None},
+        {"seq": 2, "payload_text": "abc"},
+    ]
+    assert writer.upgrade(spark) == []  # nothing left to add: no commit
+    assert DeltaTable(str(tmp_path / "messages")).version() == version + 2

@@ -24,6 +24,9 @@ from counter_records import Counter, write_counters
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
+from broker_edge.packets import ReasonCode
+from broker_edge.plim import disconnect_details, log_event, subscribe_details
+from broker_edge.tenancy import LogEvent
 from ingest.journal import JournalWriter
 from schemas.tables import TABLES
 from sinks.delta import read_table
@@ -38,18 +41,52 @@ BASE = dt.datetime(2024, 3, 10, tzinfo=dt.UTC)
 NOON = BASE + dt.timedelta(hours=12)
 
 
-def log_payload(node: str, tenant: str, us: int, event: str) -> bytes:
-    doc = {
-        "time": dt.datetime.fromtimestamp(us / 1e6, dt.UTC).isoformat(),
-        "ts_us": us,
-        "node": node,
-        "tenant": tenant,
-        "client_id": "truck-1",
-        "origin": "mqtt",
-        "event": event,
-        "details": {"peer": "127.0.0.1:5000", "clean": False},
-    }
-    return json.dumps(doc).encode()
+# Events as the edge's own code makes them (broker_edge), one of each shape the typed columns of
+# ``logs`` read: a reason code, a reason, a topic with its QoS, a limit's name, limit and value.
+EVENTS = {
+    3: LogEvent(
+        "",
+        "disconnect",
+        "truck-1",
+        disconnect_details(
+            peer="127.0.0.1:5000", clean=False, reason_code=ReasonCode.KEEP_ALIVE_TIMEOUT
+        ),
+    ),
+    13: LogEvent("", "subscribe", "truck-1", subscribe_details(["fleet/+/telemetry"], [1])),
+    23: LogEvent(
+        "",
+        "malformed_packet",
+        "truck-1",
+        {"peer": "127.0.0.1:5001", "reason_code": 0x81, "error": "bad remaining length"},
+    ),
+    33: LogEvent(
+        "",
+        "limit_exceeded",
+        "truck-2",
+        {"limit": "max_payload_bytes", "value": 10, "size": 11, "topic": "fleet/x", "qos": 1},
+    ),
+}
+TYPED_COLUMNS = {
+    "messages": ("payload_text",),
+    "logs": ("reason", "reason_code", "topic", "qos", "metric", "limit", "value"),
+    "usage": ("quota_metric",),
+    "quota_events": ("usage_metric",),
+}
+# A payload that is not UTF-8 (no content type: no JSON contract): payload_text is null.
+NOT_UTF8 = b"\xff\xfe\x00raw"
+
+
+def log_record(tenant: str, us: int, event: LogEvent) -> tuple[str, bytes, None]:
+    topic, payload = log_event(
+        ts_us=us,
+        node="edge-a",
+        tenant=tenant,
+        client_id=event.client_id,
+        origin=event.origin,
+        event=event.event,
+        details=dict(event.details),
+    )
+    return topic, payload, None
 
 
 def write_journal(settings: PipelineSettings) -> None:
@@ -63,16 +100,16 @@ def write_journal(settings: PipelineSettings) -> None:
                 b'{"speed": 1}',
                 "application/json",
             )
-            if i % 10 == 3:
-                topic, payload, ctype = (
-                    "$log/mqtt/disconnect",
-                    log_payload("edge-a", tenant, us, "disconnect"),
-                    None,
-                )
+            if i in EVENTS:
+                topic, payload, ctype = log_record(tenant, us, EVENTS[i])
             elif i % 10 == 7:
                 topic, payload, ctype = "$log/mqtt/connect", b"{not json", None
             elif i % 13 == 5:
                 payload = b"{broken"  # breaks the JSON contract: quarantine
+            elif i % 10 == 9:
+                topic, payload, ctype = f"fleet/truck-{i % 3}/raw", NOT_UTF8, None
+            elif i % 10 == 1:
+                payload = '{"driver": "Zoë"}'.encode()
             writer.append(
                 ts_us=us,
                 tenant=tenant,
@@ -121,30 +158,70 @@ def lake(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return settings.lake
 
 
-def string_filters(lake: Path) -> dict[str, list[tuple[str, str]]]:
-    """Per table, (column, a value it holds) for every top-level string column."""
-    filters: dict[str, list[tuple[str, str]]] = {}
+def string_filters(lake: Path) -> dict[str, list[tuple[str, str | int]]]:
+    """Per table, (column, a value it holds) for every top-level string or integer column."""
+    filters: dict[str, list[tuple[str, str | int]]] = {}
     for table, spec in TABLES.items():
         rows = read_table(lake / table).to_pylist()
         assert rows, f"the pipeline wrote no {table}"
         filters[table] = [
             (field.name, next(r[field.name] for r in rows if r[field.name] is not None))
             for field in spec.schema
-            if field.type == pa.string() and any(r[field.name] is not None for r in rows)
+            if (field.type == pa.string() or pa.types.is_integer(field.type))
+            and any(r[field.name] is not None for r in rows)
         ]
+    # The columns an analyst reads without parsing (issue 16 part 4) are filtered on too.
+    for table, names in TYPED_COLUMNS.items():
+        assert set(names) <= {column for column, _ in filters[table]}, table
     return filters
 
 
-def expected_counts(lake: Path, filters: dict[str, list[tuple[str, str]]]) -> dict[str, Any]:
+def sql_literal(value: str | int) -> str:
+    return str(value) if isinstance(value, int) else "'" + value.replace("'", "''") + "'"
+
+
+def expected_counts(lake: Path, filters: dict[str, list[tuple[str, str | int]]]) -> dict[str, Any]:
     counts: dict[str, Any] = {}
     for table, pairs in filters.items():
         counts[table] = {"*": read_table(lake / table, columns=["date"]).num_rows}
         for column, value in pairs:
-            literal = value.replace("'", "''")
             counts[table][column] = read_table(
-                lake / table, f"\"{column}\" = '{literal}'", columns=["date"]
+                lake / table, f'"{column}" = {sql_literal(value)}', columns=["date"]
             ).num_rows
     return counts
+
+
+def test_the_typed_columns_an_analyst_reads_without_parsing(lake: Path) -> None:
+    messages = read_table(lake / "messages", columns=["payload", "payload_text"]).to_pylist()
+    assert {row["payload_text"] for row in messages if row["payload"] == NOT_UTF8} == {None}
+    texts = [row for row in messages if row["payload"] != NOT_UTF8]
+    assert texts
+    assert all(row["payload_text"] == row["payload"].decode() for row in texts)
+    assert '{"driver": "Zoë"}' in {row["payload_text"] for row in texts}
+    logs = {
+        row["event_type"]: row for row in read_table(lake / "logs", "payload_valid").to_pylist()
+    }
+    typed = ("reason", "reason_code", "topic", "qos", "metric", "limit", "value")
+    assert {event: tuple(logs[event][name] for name in typed) for event in logs} == {
+        "disconnect": (None, 0x8D, None, None, None, None, None),
+        "subscribe": (None, 1, "fleet/+/telemetry", 1, None, None, None),
+        "malformed_packet": ("bad remaining length", 0x81, None, None, None, None, None),
+        "limit_exceeded": (None, None, "fleet/x", 1, "max_payload_bytes", 10, 11),
+    }
+    # Invalid payloads still land, typed columns null (nothing parsed).
+    invalid = read_table(lake / "logs", "NOT payload_valid").to_pylist()
+    assert invalid
+    assert all(row[name] is None for row in invalid for name in typed)
+    # Usage metrics and quota metrics name each other.
+    usage = read_table(lake / "usage", columns=["metric", "quota_metric"]).to_pylist()
+    assert {(row["metric"], row["quota_metric"]) for row in usage} == {
+        ("messages_in", "messages_per_day"),
+        ("sessions", None),
+    }
+    quota = read_table(lake / "quota_events", columns=["metric", "usage_metric"]).to_pylist()
+    assert {(row["metric"], row["usage_metric"]) for row in quota} == {
+        ("messages_per_day", "messages_in")
+    }
 
 
 def physical(type_: pa.DataType) -> str:

@@ -24,10 +24,12 @@ from delta.tables import DeltaTable as SparkDeltaTable
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
+from broker_edge.plim import disconnect_details, log_event
 from ingest.journal import JournalWriter
+from schemas.tables import TABLES
 from sinks.delta import read_table
 from sinks.maintenance import maintain_table, pending_work, view_typed_files
-from streaming import pipeline
+from streaming import lake, pipeline
 from streaming.settings import PipelineSettings
 
 pytestmark = pytest.mark.spark
@@ -35,6 +37,12 @@ pytestmark = pytest.mark.spark
 ARCHIVE = Path(__file__).parents[1] / "data" / "lake_before_delta_spark.tar.gz"
 NODES = ("edge-a", "edge-b")
 BEFORE = 62  # records per node in the archive's journals
+# The columns of issue 16 part 4 the archive's tables lack (it has no quota_events table).
+NEW_COLUMNS = {
+    "messages": ("payload_text",),
+    "logs": ("reason", "reason_code", "topic", "qos", "metric", "limit", "value"),
+    "usage": ("quota_metric",),
+}
 
 
 @pytest.fixture
@@ -60,8 +68,36 @@ def test_the_old_lake_carries_on_exactly_once(
     )
     assert old_batches is not None
     assert sum(old_messages.values()) == 100
+    # Before the pipeline upgrades it, a reader sees the columns the old lake lacks, as nulls.
+    for table, columns in NEW_COLUMNS.items():
+        assert not set(columns) & set(
+            DeltaTable(str(settings.table_path(table))).schema().to_arrow().names
+        )
+        rows = lake.load_arrow(settings.lake, table)
+        assert rows.schema == TABLES[table].schema
+        assert rows.num_rows
+        assert all(rows.column(name).null_count == rows.num_rows for name in columns)
+    old_logs = lake.load_arrow(settings.lake, "logs").num_rows
     for node in NODES:
         with JournalWriter.open(settings.journal_root, node, fsync=False) as writer:
+            topic, payload = log_event(
+                ts_us=1_710_028_800_000_000 + 10**9,
+                node=node,
+                tenant="acme",
+                client_id="truck-9",
+                origin="mqtt",
+                event="disconnect",
+                details=disconnect_details(peer="127.0.0.1:5000", clean=False, reason_code=0x8D),
+            )
+            writer.append(
+                ts_us=1_710_028_800_000_000 + 10**9,
+                tenant="acme",
+                client_id="$edge",
+                topic=topic,
+                qos=0,
+                retain=False,
+                payload=payload,
+            )
             for i in range(30):
                 writer.append(
                     ts_us=1_710_028_800_000_000 + 10**9 + i,
@@ -80,7 +116,7 @@ def test_the_old_lake_carries_on_exactly_once(
 
     messages = identities(settings, "messages")
     assert max(messages.values()) == 1, "a record landed twice"
-    new = {(node, seq) for node in NODES for seq in range(BEFORE + 1, BEFORE + 31)}
+    new = {(node, seq) for node in NODES for seq in range(BEFORE + 2, BEFORE + 32)}
     assert set(messages) == set(old_messages) | new, "a record is missing"
     assert max(identities(settings, "logs").values()) == 1
     assert max(identities(settings, "quarantine").values()) == 1
@@ -90,6 +126,24 @@ def test_the_old_lake_carries_on_exactly_once(
     # Usage: the old rows (5 per node at 00:00:10) and the new ones (7 per node) summed.
     usage = read_table(settings.table_path("usage"), "metric = 'messages_in'").to_pylist()
     assert [(row["value"], row["day_value"]) for row in usage] == [(24, 24)]
+    # The new columns (issue 16 part 4) were added to the tables, where the schema has them:
+    # null in the old rows, filled in the new ones, for every reader.
+    for table in NEW_COLUMNS:
+        stored = DeltaTable(str(settings.table_path(table))).schema().to_arrow().names
+        assert stored == TABLES[table].schema.names, table
+    texts = {
+        (row["seq"] > BEFORE, row["payload_text"])
+        for row in lake.load_arrow(settings.lake, "messages").to_pylist()
+    }
+    assert texts == {(False, None), (True, '{"speed": 3}')}
+    logs = lake.load(edgebus_spark, settings.lake, "logs").collect()
+    assert len(logs) == old_logs + 2
+    assert {(row.seq > BEFORE, row.event_type, row.reason_code) for row in logs} >= {
+        (True, "disconnect", 0x8D)
+    }
+    assert all(row.reason_code is None for row in logs if row.seq <= BEFORE)
+    # The usage row the batch rewrote names its quota metric.
+    assert [row["quota_metric"] for row in usage] == ["messages_per_day"]
 
 
 def test_maintenance_repairs_view_typed_files_and_keeps_every_row(

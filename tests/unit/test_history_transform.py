@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from schemas.contracts import rows_where
 from schemas.journal import JOURNAL_SCHEMA
-from schemas.tables import MESSAGES_SCHEMA
+from schemas.tables import MESSAGES_DERIVED, MESSAGES_ROUTED_SCHEMA, MESSAGES_SCHEMA
 from streaming.history import accepts, transform
 from streaming.route import (
     MESSAGES_WIRE_SCHEMA,
@@ -67,7 +67,10 @@ def run_transform(rows: list[dict[str, Any]]) -> pa.Table:
 
 def test_columns_and_types_follow_the_table_schema() -> None:
     out = transform(pa.Table.from_pylist(ROWS, schema=JOURNAL_SCHEMA))
-    assert out.schema == MESSAGES_SCHEMA
+    assert out.schema == MESSAGES_ROUTED_SCHEMA
+    # Every column of the table but those the JVM derives as it writes (payload_text).
+    assert set(MESSAGES_SCHEMA.names) - set(out.schema.names) == set(MESSAGES_DERIVED)
+    assert all(MESSAGES_SCHEMA.field(f.name) == f for f in out.schema)
 
 
 def test_rows_are_mapped_and_dollar_topics_dropped() -> None:

@@ -4,16 +4,26 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
-from broker_edge.plim import log_event
+from broker_edge.packets import Publish, QoS, ReasonCode
+from broker_edge.plim import (
+    TenantUsage,
+    connect_details,
+    disconnect_details,
+    log_event,
+    subscribe_details,
+)
+from broker_edge.tenancy import LogEvent, Tenancy
+from broker_edge.tenants import ALLOW_ALL, Acl, parse
 from schemas.contracts import rows_where
 from schemas.journal import JOURNAL_SCHEMA
 from schemas.tables import LOGS_SCHEMA, QUARANTINE_SCHEMA
-from streaming.logs import accepts, transform
+from streaming.logs import TYPED, accepts, transform
 
 UTC = dt.UTC
 JUST_BEFORE_MIDNIGHT = dt.datetime(2024, 3, 9, 23, 59, 59, 999_999, tzinfo=UTC)
@@ -96,6 +106,14 @@ def test_an_edge_log_event_becomes_one_valid_row() -> None:
         "event_type": "quota_warn",
         "client_id": "",
         "details": '{"metric":"messages","limit":1000,"value":950.5}',
+        # The typed columns: 950.5 is no integer, so value stays null.
+        "reason": None,
+        "reason_code": None,
+        "topic": None,
+        "qos": None,
+        "metric": "messages",
+        "limit": 1000,
+        "value": None,
         "time": "2024-03-09T23:59:59.999+00:00",
         "payload_valid": True,
         "invalid_reason": None,
@@ -232,3 +250,141 @@ def test_invalid_events_are_also_quarantined_raw_with_their_reason() -> None:
     ]
     assert quarantined.column("payload").to_pylist()[0] == b"not json"
     assert quarantined.column("date").to_pylist() == [dt.date(2024, 3, 10)] * 2
+
+
+# --- the typed columns ------------------------------------------------------------------------
+
+
+def edge_event(event: LogEvent, seq: int = 1) -> dict[str, Any]:
+    """The ``logs`` row of an event the edge's own code made, journaled as the broker does."""
+    topic, payload = log_event(
+        ts_us=int(MIDNIGHT.timestamp() * 1_000_000),
+        node="edge-1",
+        tenant=event.tenant,
+        client_id=event.client_id,
+        origin=event.origin,
+        event=event.event,
+        details=dict(event.details),
+    )
+    [row] = run_transform([journal_row(seq, topic, payload, tenant=event.tenant)])
+    assert row["payload_valid"], row["invalid_reason"]
+    return row
+
+
+def typed(row: dict[str, Any]) -> dict[str, Any]:
+    return {name: row[name] for name in TYPED if row[name] is not None}
+
+
+@dataclass
+class Client:
+    """What the edge's policy reads of a connection (tests/unit/test_tenancy_policy.py)."""
+
+    tenant: str
+    client_id: str
+    operator: bool = False
+    acl: Acl = field(default_factory=lambda: ALLOW_ALL)
+    max_payload: int = 0
+    usage: TenantUsage = field(default_factory=TenantUsage)
+
+
+def test_typed_columns_of_the_events_a_session_makes() -> None:
+    def mqtt(event: str, details: dict[str, Any]) -> LogEvent:
+        return LogEvent("acme", event, "truck-7", details)
+
+    connect = connect_details(
+        peer="127.0.0.1:5000", protocol=5, clean_start=True, keepalive=60, session_present=False
+    )
+    assert typed(edge_event(mqtt("connect", connect))) == {}
+    closed = disconnect_details(
+        peer="127.0.0.1:5000", clean=False, reason_code=ReasonCode.KEEP_ALIVE_TIMEOUT
+    )
+    assert typed(edge_event(mqtt("disconnect", closed))) == {"reason_code": 0x8D}
+    sent = disconnect_details(peer="127.0.0.1:5000", clean=True, reason_code=None)
+    assert typed(edge_event(mqtt("disconnect", sent))) == {}
+    # One filter (nearly every SUBSCRIBE): the filter, its SUBACK code and the QoS granted.
+    one = subscribe_details(["fleet/+/telemetry"], [1])
+    assert typed(edge_event(mqtt("subscribe", one))) == {
+        "topic": "fleet/+/telemetry",
+        "reason_code": 1,
+        "qos": 1,
+    }
+    refused = subscribe_details(["other/#"], [ReasonCode.NOT_AUTHORIZED])
+    assert typed(edge_event(mqtt("subscribe", refused))) == {
+        "topic": "other/#",
+        "reason_code": 0x87,
+    }
+    # Several: which one would it be? details has the lists.
+    assert typed(edge_event(mqtt("subscribe", subscribe_details(["a", "b"], [0, 1])))) == {}
+    malformed = {"peer": "127.0.0.1:5000", "reason_code": 0x81, "error": "bad varint"}
+    assert typed(edge_event(mqtt("malformed_packet", malformed))) == {
+        "reason": "bad varint",
+        "reason_code": 0x81,
+    }
+
+
+def test_typed_columns_of_the_policys_refusals_and_quota_events() -> None:
+    tenancy = Tenancy(
+        parse({"tenants": {"acme": {"tokens": ["t"], "limits": {"max_payload_bytes": 10}}}}),
+        "edge-1",
+    )
+    ro = Client("acme", "dash", acl=Acl(publish=(), subscribe=("#",)))
+    _, denied = tenancy.refuse_publish(ro, Publish(topic="fleet/x", payload=b"1", qos=QoS(1)))
+    assert denied is not None
+    assert typed(edge_event(denied)) == {"topic": "fleet/x", "qos": 1}
+    dev = Client("acme", "dev-1", max_payload=10)
+    _, big = tenancy.refuse_publish(dev, Publish(topic="fleet/y", payload=b"x" * 11))
+    assert big is not None
+    # limit_exceeded names the limit "limit" and its value "value": read as quota_events does.
+    assert typed(edge_event(big)) == {
+        "topic": "fleet/y",
+        "qos": 0,
+        "metric": "max_payload_bytes",
+        "limit": 10,
+        "value": 11,
+    }
+    decision = {
+        "state": "blocked",
+        "metric": "messages_per_day",
+        "limit": 120,
+        "value": 130,
+        "decided_at": "2024-03-10T00:00:00.000+00:00",
+    }
+    [blocked] = tenancy.apply_quota("acme", json.dumps(decision).encode()).events
+    row = edge_event(blocked)
+    assert row["event_type"] == "quota_blocked"
+    assert typed(row) == {"metric": "messages_per_day", "limit": 120, "value": 130}
+
+
+def test_typed_columns_of_the_operators_events() -> None:
+    def operator(event: str, origin: str, details: dict[str, Any]) -> LogEvent:
+        return LogEvent("$operator", event, "", details, origin)
+
+    full = operator("journal_full", "journal", {"state": "full", "reason": "disk budget"})
+    assert typed(edge_event(full)) == {"reason": "disk budget"}
+    tls = {"listener": "mqtts", "peer": "127.0.0.1:6000", "reason": "no shared cipher"}
+    assert typed(edge_event(operator("tls_handshake_failed", "tls", tls))) == {
+        "reason": "no shared cipher"
+    }
+
+
+@pytest.mark.parametrize(
+    "details",
+    [
+        {"reason": 5, "reason_code": "0x8D", "qos": 3, "limit": True, "value": "12"},
+        {"topic": ["a"], "metric": None, "limit": 2**63, "value": 1.5, "qos": -1},
+        {"reason_code": 2**31},
+    ],
+)
+def test_a_field_of_another_type_is_null_in_its_column(details: dict[str, Any]) -> None:
+    [row] = run_transform([log_row(1, event_doc(details=details))])
+    assert row["payload_valid"]
+    assert typed(row) == {}
+    assert json.loads(row["details"]) == details
+
+
+def test_an_invalid_payload_keeps_its_typed_columns() -> None:
+    doc = event_doc(event="disconnect", details={"reason_code": 0x8E, "clean": False})
+    del doc["time"]
+    [row] = run_transform([log_row(1, doc, topic="$log/mqtt/disconnect")])
+    assert not row["payload_valid"]
+    assert typed(row) == {"reason_code": 0x8E}

@@ -83,7 +83,7 @@ def test_publish_checks_answer_with_a_code_and_an_event_and_write_nothing_but_us
     code, event = tenancy.refuse_publish(ro, Publish(topic="fleet/x", payload=b"1"))
     assert code == ReasonCode.NOT_AUTHORIZED
     assert event is not None
-    assert event.details == {"action": "publish", "topic": "fleet/x"}
+    assert event.details == {"action": "publish", "topic": "fleet/x", "qos": 0}
     dev = Client("acme", "dev-1", max_payload=10)
     code, event = tenancy.refuse_publish(
         dev, Publish(topic="$counters/messages_in", payload=b""), action="will"

@@ -41,6 +41,7 @@ def test_today_json(lake: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert doc["counters"] == [
         {
             "metric": "bytes_in",
+            "quota_metric": "bytes_per_day",
             "kind": "counter",
             "day_total": 9000,
             "last_window_start": "2024-03-10T11:58:00.000000Z",
@@ -49,6 +50,7 @@ def test_today_json(lake: Path, capsys: pytest.CaptureFixture[str]) -> None:
         },
         {
             "metric": "messages_in",
+            "quota_metric": "messages_per_day",
             "kind": "counter",
             "day_total": 200,  # not yesterday's 999
             "last_window_start": "2024-03-10T11:59:00.000000Z",
@@ -57,6 +59,7 @@ def test_today_json(lake: Path, capsys: pytest.CaptureFixture[str]) -> None:
         },
         {
             "metric": "sessions",
+            "quota_metric": None,
             "kind": "gauge",
             "day_total": 5,  # the day's peak
             "last_window_start": "2024-03-10T11:59:00.000000Z",
@@ -67,6 +70,7 @@ def test_today_json(lake: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert doc["quota"] == [
         {
             "metric": "messages_per_day",
+            "usage_metric": "messages_in",
             "state": "warn",
             "limit": 250,
             "usage": 200,  # the day's messages_in
@@ -76,6 +80,7 @@ def test_today_json(lake: Path, capsys: pytest.CaptureFixture[str]) -> None:
         },
         {
             "metric": "bytes_per_day",
+            "usage_metric": "bytes_in",
             "state": "cleared",
             "limit": None,
             "usage": 9000,
@@ -131,15 +136,16 @@ def test_table_format(lake: Path, capsys: pytest.CaptureFixture[str]) -> None:
     split = rest.index("")
     counters, quota = rest[:split], rest[split + 1 :]
     assert [line.split() for line in counters] == [
-        ["METRIC", "KIND", "DAY_TOTAL", "LAST_MINUTE", "LAST_VALUE"],
-        ["bytes_in", "counter", "9000", "2024-03-10T11:58Z", "9000"],
-        ["messages_in", "counter", "200", "2024-03-10T11:59Z", "60"],
-        ["sessions", "gauge", "5", "2024-03-10T11:59Z", "2"],
+        ["METRIC", "KIND", "DAY_TOTAL", "LAST_MINUTE", "LAST_VALUE", "QUOTA"],
+        ["bytes_in", "counter", "9000", "2024-03-10T11:58Z", "9000", "bytes_per_day"],
+        ["messages_in", "counter", "200", "2024-03-10T11:59Z", "60", "messages_per_day"],
+        ["sessions", "gauge", "5", "2024-03-10T11:59Z", "2", "-"],
     ]
+    # Each quota names the counter that measures it, each counter the quota it counts.
     assert [line.split() for line in quota] == [
-        ["QUOTA", "STATE", "LIMIT", "USAGE", "USED", "DECIDED_AT"],
-        ["messages_per_day", "warn", "250", "200", "80%", "2024-03-10T11:59:00Z"],
-        ["bytes_per_day", "cleared", "-", "9000", "-", "2024-03-10T08:00:00Z"],
+        ["QUOTA", "COUNTED_BY", "STATE", "LIMIT", "USAGE", "USED", "DECIDED_AT"],
+        ["messages_per_day", "messages_in", "warn", "250", "200", "80%", "2024-03-10T11:59:00Z"],
+        ["bytes_per_day", "bytes_in", "cleared", "-", "9000", "-", "2024-03-10T08:00:00Z"],
     ]
     for block in (counters, quota):
         # Aligned: every column starts where its header does.
@@ -270,5 +276,5 @@ def test_only_the_tenants_partitions_are_read(
 def test_a_process_reading_the_tables_exits_0_every_time(lake: Path) -> None:
     command = [sys.executable, "-m", "edgebus.usage_cli", "--lake", str(lake), "--tenant", "acme"]
     table, doc = outputs_of_repeated_runs([*command, "--date", "2024-03-10"])
-    assert "messages_per_day  warn" in table
+    assert "messages_per_day  messages_in  warn" in table
     assert json.loads(doc)["counters"][1]["day_total"] == 200
