@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -255,10 +254,14 @@ def _event_loop_runner(choice: str) -> Any:
                 raise
         else:
             return uvloop.run
+    import asyncio  # here, not at the top: the lake's commands (edgebus logs ...) never need it
+
     return asyncio.run
 
 
 async def _serve_edge(settings: Any, tenants: Path | None) -> None:
+    import asyncio
+
     from broker_edge.node import EdgeNode
 
     loop = asyncio.get_running_loop()
