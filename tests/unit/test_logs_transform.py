@@ -4,22 +4,21 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 import pytest
+from policy_client import Client
 
 from broker_edge.packets import Publish, QoS, ReasonCode
 from broker_edge.plim import (
-    TenantUsage,
     connect_details,
     disconnect_details,
     log_event,
     subscribe_details,
 )
 from broker_edge.tenancy import LogEvent, Tenancy
-from broker_edge.tenants import ALLOW_ALL, Acl, parse
+from broker_edge.tenants import Acl, parse
 from schemas.contracts import rows_where
 from schemas.journal import JOURNAL_SCHEMA
 from schemas.tables import LOGS_SCHEMA, QUARANTINE_SCHEMA
@@ -273,18 +272,6 @@ def edge_event(event: LogEvent, seq: int = 1) -> dict[str, Any]:
 
 def typed(row: dict[str, Any]) -> dict[str, Any]:
     return {name: row[name] for name in TYPED if row[name] is not None}
-
-
-@dataclass
-class Client:
-    """What the edge's policy reads of a connection (tests/unit/test_tenancy_policy.py)."""
-
-    tenant: str
-    client_id: str
-    operator: bool = False
-    acl: Acl = field(default_factory=lambda: ALLOW_ALL)
-    max_payload: int = 0
-    usage: TenantUsage = field(default_factory=TenantUsage)
 
 
 def test_typed_columns_of_the_events_a_session_makes() -> None:

@@ -4,12 +4,12 @@ value; the policy's only state is its own (usage totals, quota decisions, counte
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+
+from policy_client import Client
 
 from broker_edge.packets import ConnackCode311, Publish, ReasonCode
-from broker_edge.plim import TenantUsage
 from broker_edge.tenancy import Admission, Tenancy, take_token
-from broker_edge.tenants import ALLOW_ALL, OPERATOR_TENANT, Acl, parse
+from broker_edge.tenants import OPERATOR_TENANT, parse
 from schemas.control import JournalCommitted, journal_control_topic
 
 CONFIG = parse(
@@ -24,18 +24,6 @@ CONFIG = parse(
         },
     }
 )
-
-
-@dataclass
-class Client:
-    """What the policy reads of a connection (frozen by the test: it must not write)."""
-
-    tenant: str
-    client_id: str
-    operator: bool = False
-    acl: Acl = field(default_factory=lambda: ALLOW_ALL)
-    max_payload: int = 0
-    usage: TenantUsage = field(default_factory=TenantUsage)
 
 
 def admit(
