@@ -48,7 +48,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sinks.errors import DeltaSinkError
-from sinks.retention import Expiry, Retention, delete_expired, expired_partitions
+from sinks.retention import (
+    DATE,
+    TENANT,
+    Expiry,
+    Retention,
+    as_date,
+    delete_expired,
+    expired_partitions,
+)
 from sinks.storage import LakePath, ObjectPath, open_delta, spark_uri
 
 if TYPE_CHECKING:
@@ -167,8 +175,8 @@ def pending_work(
     ``retention`` expires are neither repaired nor compacted: they are about to go."""
     delta = open_delta(path)
     version = delta.version()
-    expire = expired_partitions(delta, retention) if retention is not None else ()
     actions = pa.table(delta.get_add_actions(flatten=True))
+    expire = expired_partitions(actions, retention) if retention is not None else ()
     columns = delta.metadata().partition_columns
     small = int(spark.conf.get("spark.databricks.delta.optimize.minFileSize", str(1 << 30)) or 0)
     values = [actions.column(f"partition.{name}").to_pylist() for name in columns]
@@ -177,7 +185,7 @@ def pending_work(
     going = {(expiry.tenant, day) for expiry in expire for day in expiry.dates}
 
     def kept(partition: Partition) -> bool:  # not about to be deleted
-        return not going or (partition["tenant"], partition["date"]) not in going
+        return not going or (partition[TENANT], as_date(partition[DATE])) not in going
 
     small_files = Counter(
         key

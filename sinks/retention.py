@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 if TYPE_CHECKING:
-    from deltalake import DeltaTable
     from pyspark.sql import SparkSession
 
 logger = logging.getLogger(__name__)
@@ -72,13 +71,12 @@ class Expiry:
         return len(self.dates)
 
 
-def expired_partitions(delta: DeltaTable, retention: Retention) -> tuple[Expiry, ...]:
-    """The partitions of ``delta``'s snapshot that ``retention`` expires, one
-    :class:`Expiry` per tenant (sorted by tenant); () when the table is not partitioned by
-    tenant and date."""
-    if {TENANT, DATE} - set(delta.metadata().partition_columns):
+def expired_partitions(actions: pa.Table, retention: Retention) -> tuple[Expiry, ...]:
+    """The partitions that ``retention`` expires among a snapshot's add ``actions`` (delta-rs
+    ``get_add_actions(flatten=True)``), one :class:`Expiry` per tenant (sorted by tenant); ()
+    when the table is not partitioned by tenant and date."""
+    if {f"partition.{TENANT}", f"partition.{DATE}"} - set(actions.column_names):
         return ()
-    actions = pa.table(delta.get_add_actions(flatten=True))
     tenants = actions.column(f"partition.{TENANT}").to_pylist()
     dates = actions.column(f"partition.{DATE}").to_pylist()
     rows = actions.column("num_records").to_pylist()
