@@ -55,7 +55,7 @@ from schemas.quality import (
     VALIDATION_ERROR,
 )
 from sinks.delta import DeltaTableWriter, spark_schema
-from sinks.storage import LakePath, is_delta_table, open_delta, spark_uri
+from sinks.storage import LakePath, is_delta_table, spark_uri
 from streaming.schedule import IntervalSchedule
 from streaming.settings import PipelineSettings
 
@@ -137,7 +137,7 @@ def run_quality(
             continue
         results += run.validate(spark, datasource, table, path)
     if results:
-        _add_rows_column(spark, lake / QUALITY_RESULTS_TABLE)
+        writer.upgrade(spark)  # a table made before a column (unexpected_rows) gets it
         rows = spark.createDataFrame(
             [r.row() for r in results], schema=spark_schema(QUALITY_RESULTS_SCHEMA)
         )
@@ -298,20 +298,6 @@ def _row_keys(found: Sequence[Mapping[str, Any]], key: tuple[str, ...]) -> str:
     rows' keys, each once, in GX's order."""
     keys = list(dict.fromkeys(_json({name: row[name] for name in key}) for row in found))
     return "[" + ",".join(keys[:UNEXPECTED_ROWS_KEPT]) + "]"
-
-
-def _add_rows_column(spark: SparkSession, path: LakePath) -> None:
-    """Give a ``quality_results`` table made before ``unexpected_rows`` existed that column,
-    where the schema has it (Delta adds a nullable column in a metadata-only commit)."""
-    if not _is_table(path):
-        return
-    names = {field.name for field in open_delta(path).schema().fields}
-    if "unexpected_rows" not in names:
-        spark.sql(
-            f"ALTER TABLE delta.`{spark_uri(path)}` "
-            "ADD COLUMNS (unexpected_rows STRING AFTER error)"
-        )
-        logger.info("%s: added the column unexpected_rows", path)
 
 
 def _datasource() -> SparkDatasource:
