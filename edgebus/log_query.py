@@ -40,8 +40,11 @@ QUERY_TABLE = "logs"
 DEFAULT_LIMIT = 100
 # A page is a list held in memory and a top-k in DataFusion: more at once is edgebus sql's job.
 MAX_LIMIT = 1_000_000
-# How many candidate rows a --where query reads per page, at least.
-CANDIDATE_PAGE = 2_000
+# A --where query's first page of candidates: this many per row asked for (the SQL prefilter
+# is usually close: more would read rows for nothing); later pages grow 4 times each, to
+# CANDIDATE_PAGE_MAX rows (a prefilter that lets most rows through costs a few pages).
+CANDIDATES_PER_ROW = 4
+CANDIDATE_PAGE_MAX = 50_000
 # The columns read for rows, in the order of the JSON output.
 COLUMNS = (
     "ts",
@@ -215,7 +218,8 @@ def _fetch(delta: DeltaTable, query: LogQuery) -> list[dict[str, Any]]:
     if not query.where:
         return lake_command.query(delta, QUERY_TABLE, query.sql(query.limit))
     found: list[dict[str, Any]] = []
-    page_size = max(CANDIDATE_PAGE, 4 * query.limit)
+    page_size = CANDIDATES_PER_ROW * query.limit
+    largest = max(CANDIDATE_PAGE_MAX, page_size)
     page = query
     while True:
         candidates = lake_command.query(delta, QUERY_TABLE, page.sql(page_size))
@@ -223,6 +227,7 @@ def _fetch(delta: DeltaTable, query: LogQuery) -> list[dict[str, Any]]:
         if len(found) >= query.limit or len(candidates) < page_size:
             return found[: query.limit]
         page = replace(page, after=Cursor.of(candidates[-1]))
+        page_size = min(4 * page_size, largest)
 
 
 def count(delta: DeltaTable, query: LogQuery) -> dict[str | None, int]:

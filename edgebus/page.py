@@ -16,10 +16,11 @@ DataFusion keep just the first rows (a top-k) instead of sorting them all.
 Day windows: a page without a bound on its far side (the newest rows of a tenant, with no
 ``since``) would still read every day the tenant has, though the first day read usually fills
 it. :func:`fetch_by_days` asks the table's metadata which days the tenant has (no data file is
-opened) and reads them in the page's order, the newest day first, then windows of 1, 2, 4, ...
-days, until the page is full: one query over one day in the common case (a 10M-row table: some
-30 ms instead of 130). Days are disjoint and ordered like the rows, so the pages' rows and
-cursors are the same as one query's.
+opened) and reads them in the page's order, the newest day first, then a window as many days
+long as the rows found so far say the page still needs (doubling while none is found), until
+the page is full: one query over one day in the common case (a 10M-row table: some 30 ms
+instead of 130), two when rows are rare. Days are disjoint and ordered like the rows, so the
+pages' rows and cursors are the same as one query's.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Callable, Iterator, Sequence
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import Field, dataclass, replace
 from datetime import UTC, date, datetime, time, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
@@ -109,23 +111,19 @@ class Page:
                 last_day = min(last_day or date.max, self.after.ts().date())
         return first_day, last_day
 
-    def windows(self, days: Sequence[date]) -> Iterator[tuple[datetime, datetime]]:
-        """``[since, until)`` ranges over ``days`` (the days that have rows) in the page's
-        order, within its own range: one day, one more, then 2, 4, ... days at a time."""
+    def days_in_order(self, days: Sequence[date]) -> list[date]:
+        """Of ``days`` (the days that have rows), those within the page's range, in its order."""
         first_day, last_day = self.days()
-        wanted = sorted(
+        return sorted(
             (day for day in set(days) if (first_day or day) <= day <= (last_day or day)),
             reverse=not self.oldest_first,
         )
-        size, taken = 1, 0
-        while taken < len(wanted):
-            chunk = wanted[taken : taken + size]
-            lo, hi = min(chunk), max(chunk)
-            since = datetime.combine(lo, time(), UTC)
-            until = datetime.combine(hi + timedelta(days=1), time(), UTC)
-            yield max(since, self.since or since), min(until, self.until or until)
-            taken += len(chunk)
-            size = size * 2 if taken > 1 else 1
+
+    def window(self, days: Sequence[date]) -> tuple[datetime, datetime]:
+        """The ``[since, until)`` range over consecutive ``days``, within the page's own range."""
+        since = datetime.combine(min(days), time(), UTC)
+        until = datetime.combine(max(days) + timedelta(days=1), time(), UTC)
+        return max(since, self.since or since), min(until, self.until or until)
 
     def conditions(self) -> list[str]:
         """The SQL conditions of the range and the cursor (the partition bounds first)."""
@@ -204,13 +202,31 @@ def fetch_by_days(
 ) -> list[dict[str, Any]]:
     """``fetch(query)``'s rows, read day window after day window (see the module docstring)
     until ``query.limit`` rows are found."""
+    page = query.page()
+    days = page.days_in_order(tenant_days(delta, query.tenant))
     rows: list[dict[str, Any]] = []
-    for since, until in query.page().windows(tenant_days(delta, query.tenant)):
+    taken, size = 0, 1
+    while taken < len(days) and len(rows) < query.limit:
+        chunk = days[taken : taken + size]
+        since, until = page.window(chunk)
         narrowed = replace(query, since=since, until=until, limit=query.limit - len(rows))
         rows.extend(fetch(narrowed))
-        if len(rows) >= query.limit:
-            break
+        taken += len(chunk)
+        size = next_window_days(taken, len(rows), query.limit)
     return rows
+
+
+def next_window_days(days_read: int, rows_found: int, rows_wanted: int) -> int:
+    """How many days the next window reads, after ``days_read`` days gave ``rows_found`` rows.
+
+    Sized from the rate so far, with half again as margin: rows that match one day in ten
+    (a selective ``--client-id``) are read in one more query, not in windows of 1, 2, 4, ...
+    days. Without a row yet there is no rate: the windows double.
+    """
+    if rows_found == 0:
+        return days_read
+    per_day = rows_found / days_read
+    return max(1, math.ceil(1.5 * (rows_wanted - rows_found) / per_day))
 
 
 def tenant_days(delta: DeltaTable, tenant: str) -> list[date]:

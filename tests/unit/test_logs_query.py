@@ -125,7 +125,8 @@ def test_paging_with_filters_and_where(lake: Path, capsys: pytest.CaptureFixture
 def test_where_reads_candidate_pages_until_the_page_is_full(
     lake: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(log_query, "CANDIDATE_PAGE", 3)  # many small pages of candidates
+    # Pages of 5, then 20 candidates (one in five matches): the loop, and growing pages.
+    monkeypatch.setattr(log_query, "CANDIDATES_PER_ROW", 1)
     rows, _ = run_json(lake, "--where", "clean=false", "--limit", "5", capsys=capsys)
     wanted = [r for i, r in enumerate(ROWS) if i % 5 == 0]
     assert keys(rows) == ordered(wanted)[:5]

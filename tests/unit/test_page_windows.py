@@ -16,7 +16,7 @@ from lake_fixture import DeltaBatchWriter, log_row
 
 from edgebus import lake_command, log_query
 from edgebus.log_query import LogQuery
-from edgebus.page import Cursor, Page
+from edgebus.page import Cursor, Page, next_window_days
 from schemas.tables import LOGS_PARTITION_BY, LOGS_SCHEMA
 
 UTC = dt.UTC
@@ -119,10 +119,33 @@ def test_paging_through_every_row(delta: DeltaTable, oldest_first: bool, limit: 
     assert len(seen) == len(set(seen)) == len(ROWS) - 1  # every acme row, once
 
 
-def test_window_sizes_grow() -> None:
+def test_windows_follow_the_pages_order_and_range() -> None:
     days = [dt.date(2024, 3, 1) + dt.timedelta(days=d) for d in range(10)]
-    windows = list(Page("acme").windows(days))
-    sizes = [(until - since).days for since, until in windows]
-    assert sizes == [1, 1, 2, 4, 2]
-    assert windows[0][1] == dt.datetime(2024, 3, 11, tzinfo=UTC)  # the newest day first
-    assert next(iter(Page("acme", oldest_first=True).windows(days)))[0] == DAY0
+    newest = Page("acme").days_in_order(days)
+    assert newest == sorted(days, reverse=True)
+    assert Page("acme", oldest_first=True).days_in_order(days) == days
+    bounded = Page(
+        "acme", since=DAY0 + dt.timedelta(days=2, hours=6), until=DAY0 + dt.timedelta(days=4)
+    )
+    assert bounded.days_in_order(days) == [days[3], days[2]]  # until is exclusive
+    # A window is whole days, cut to the page's own bounds.
+    assert bounded.window([days[3], days[2]]) == (bounded.since, bounded.until)
+    assert Page("acme").window([days[0]]) == (DAY0, DAY0 + dt.timedelta(days=1))
+
+
+@pytest.mark.parametrize(
+    ("days_read", "rows_found", "rows_wanted", "expected"),
+    [
+        (1, 0, 100, 1),  # no row yet: no rate, the windows double
+        (2, 0, 100, 2),
+        (4, 0, 100, 4),
+        (1, 60, 100, 1),  # 40 more at 60 a day: one day (with half again as margin)
+        (1, 30, 100, 4),  # 70 more at 30 a day: 3.5 days
+        (1, 4, 100, 36),  # rare rows: the rest in one window
+        (3, 99, 100, 1),
+    ],
+)
+def test_next_window_is_sized_from_the_rate_so_far(
+    days_read: int, rows_found: int, rows_wanted: int, expected: int
+) -> None:
+    assert next_window_days(days_read, rows_found, rows_wanted) == expected
