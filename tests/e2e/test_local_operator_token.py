@@ -1,6 +1,6 @@
 """Journal retention without a tenants file (issue 9): a real ``edgebus edge`` process with no
 tenants file makes its own operator token in its data dir (0600), the pipeline's side reads it
-from there (``edgebus pipeline``'s ``_local_notices``) and its journal notice, sent with the
+from there (``edgebus pipeline``'s ``local_notices``) and its journal notice, sent with the
 pipeline's own publisher, deletes a sealed committed segment; an anonymous client still may not
 publish ``$control/...``, and the token survives a restart."""
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from v5_publisher import V5Publisher
 
-from edgebus.cli import _local_notices
+from edgebus.platform_cli import local_notices
 from ingest.journal import list_segments
 from schemas import operator_token
 from schemas.control import journal_control_topic
@@ -90,7 +90,7 @@ def test_without_a_tenants_file_the_pipelines_notice_trims_the_journal(tmp_path:
 
             # What `edgebus pipeline --data-dir DATA --broker HOST:PORT` sends with: the
             # token the edge made, read from the data dir the pipeline reads journals from.
-            notices = _local_notices(data_dir, [("127.0.0.1", port)])
+            notices = local_notices(data_dir, [("127.0.0.1", port)])
             assert notices is not None
             publisher = DecisionPublisher(notices.brokers, notices.operator_token)
             # The lake holds everything up to the end of the first sealed segment.

@@ -10,7 +10,7 @@ import httpx
 from edge_process import OPERATOR_TOKEN, publish_acked, start_edges
 from metrics_text import parse, value
 
-from edgebus.cli import _serve_metrics
+from edgebus.platform_cli import serve_metrics
 from streaming.metrics import PipelineMetrics
 from streaming.settings import PipelineSettings
 
@@ -22,7 +22,7 @@ def test_lag_of_an_edge_read_over_http(tmp_path: Path) -> None:
         publish_acked(edge.mqtt_port, "truck-1", 20)
         settings = PipelineSettings(data_dir=tmp_path / "pipeline", edges=(edge.http_address,))
         metrics = PipelineMetrics(settings, edge_token=OPERATOR_TOKEN)
-        server = _serve_metrics(metrics, "127.0.0.1", 0)
+        server = serve_metrics(metrics, "127.0.0.1", 0)
         url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
         try:
             samples = parse(httpx.get(url, timeout=10.0).text)

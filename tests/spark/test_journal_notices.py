@@ -17,7 +17,7 @@ from pyspark.sql import SparkSession
 from test_quota_job import TENANTS, RunningEdge
 
 from broker_edge.settings import EdgeSettings
-from edgebus.cli import _local_notices
+from edgebus.platform_cli import local_notices
 from schemas.control import JournalCommitted, journal_control_topic
 from streaming import pipeline
 from streaming.quota_settings import QuotaSettings, TenantLimits
@@ -95,7 +95,7 @@ def test_without_a_tenants_file_the_notices_use_the_edges_own_token(
         write_records(
             settings.journal_root, "edge-z", [("default", f"t/{i}", b"{}") for i in range(9)]
         )
-        notices = _local_notices(settings.data_dir, [("127.0.0.1", edge.port)])
+        notices = local_notices(settings.data_dir, [("127.0.0.1", edge.port)])
         assert notices is not None
         pipeline.run(settings, once=True, spark=edgebus_spark, notices=notices)
         got = retained_notices(edge.port, ["edge-z"], token=notices.operator_token)

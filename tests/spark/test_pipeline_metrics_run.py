@@ -15,7 +15,7 @@ from counter_records import Counter, write_counters, write_records
 from metrics_text import Samples, parse, value
 from pyspark.sql import SparkSession
 
-from edgebus.cli import _serve_metrics
+from edgebus.platform_cli import serve_metrics
 from streaming import pipeline
 from streaming.metrics import PipelineMetrics
 from streaming.quota_settings import QuotaSettings, TenantLimits
@@ -51,7 +51,7 @@ def settings(make_settings: Callable[..., PipelineSettings]) -> PipelineSettings
 @pytest.fixture
 def served(settings: PipelineSettings) -> Iterator[tuple[PipelineMetrics, httpx.Client]]:
     metrics = PipelineMetrics(settings)
-    server = _serve_metrics(metrics, "127.0.0.1", 0)
+    server = serve_metrics(metrics, "127.0.0.1", 0)
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
         with httpx.Client(base_url=url, timeout=10.0) as client:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from edgebus import cli
+
 EDGEBUS = [sys.executable, "-m", "edgebus.cli"]
 
 
@@ -114,3 +116,36 @@ def test_pipeline_without_delta_jars_says_what_is_missing(tmp_path: Path) -> Non
     assert "io.delta:delta-spark_" in lines[0]
     assert "scripts/bootstrap.sh" in lines[0]
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "command"),
+    [
+        (["logs", "--lake", "x", "--tenant", "t"], "logs"),
+        (["--log-level", "DEBUG", "sql", "SELECT 1"], "sql"),
+        (["--log-level=DEBUG", "usage"], "usage"),
+        (["edge", "--listen", "127.0.0.1:0"], "edge"),
+        (["-h", "logs"], None),  # an option before the command: the whole parser
+        ([], None),
+    ],
+)
+def test_the_command_word_is_found_before_parsing(argv: list[str], command: str | None) -> None:
+    assert cli._command_in(argv) == command
+
+
+def test_a_lake_command_parses_alone_and_help_still_lists_every_command(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = cli._parse(["--log-level", "WARNING", "logs", "--tenant", "acme", "--count"])
+    assert (args.command, args.tenant, args.count, args.log_level) == (
+        "logs",
+        "acme",
+        True,
+        "WARNING",
+    )
+    with pytest.raises(SystemExit) as exited:
+        cli._parse(["--help"])
+    assert exited.value.code == 0
+    listed = capsys.readouterr().out
+    for command in ("edge", "pipeline", "run", "maintain", "api", *cli.LAKE_COMMANDS):
+        assert command in listed

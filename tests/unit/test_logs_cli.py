@@ -6,6 +6,7 @@ import argparse
 import datetime as dt
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -336,3 +337,18 @@ def test_a_process_reading_the_table_exits_0_every_time(lake: Path) -> None:
     table, json_lines = outputs_of_repeated_runs(command)
     assert len(table.splitlines()) == 1 + len(ACME)
     assert len(json_lines.splitlines()) == len(ACME)
+
+
+def test_the_edgebus_command_flushes_everything_before_it_ends(lake: Path, tmp_path: Path) -> None:
+    """``edgebus logs`` ends with ``os._exit`` (edgebus.cli.console): its output is whole, into
+    a pipe and into a file (block-buffered), every time."""
+    command = [sys.executable, "-m", "edgebus.cli", "--log-level", "WARNING", "logs"]
+    command += ["--lake", str(lake), "--tenant", "acme"]
+    table, json_lines = outputs_of_repeated_runs(command, runs=6)
+    assert len(table.splitlines()) == 1 + len(ACME)
+    assert len({json.loads(line)["cursor"] for line in json_lines.splitlines()}) == len(ACME)
+    out = tmp_path / "out.json"
+    with out.open("w") as file:
+        done = subprocess.run([*command, "--format", "json"], stdout=file, timeout=60, check=False)
+    assert done.returncode == 0
+    assert out.read_text() == json_lines

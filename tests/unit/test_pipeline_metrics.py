@@ -11,7 +11,7 @@ import httpx
 import pytest
 from metrics_text import Samples, parse, value
 
-from edgebus.cli import _serve_metrics
+from edgebus.platform_cli import serve_metrics
 from edgebus.settings import SettingsError, load_pipeline
 from ingest.journal import JournalWriter
 from streaming.metrics import PipelineMetrics
@@ -44,7 +44,7 @@ def settings(tmp_path: Path) -> PipelineSettings:
 
 class Scraper:
     def __init__(self, metrics: PipelineMetrics) -> None:
-        self.server = _serve_metrics(metrics, "127.0.0.1", 0)
+        self.server = serve_metrics(metrics, "127.0.0.1", 0)
         self.client = httpx.Client(base_url=f"http://127.0.0.1:{self.server.server_address[1]}")
 
     def __call__(self) -> Samples:
