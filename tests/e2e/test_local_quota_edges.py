@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from edge_process import EdgeProcess
-from quota_clients import QUOTA_EXCEEDED, Client, wait_for
+from quota_clients import QUOTA_EXCEEDED, Client, clear_of_utc_midnight, wait_for
 
 from schemas.control import ConfirmedUsage, usage_control_topic
 
@@ -52,6 +52,7 @@ def confirmed(nodes: dict[str, int], limit: int, day: dt.date | None = None) -> 
 
 @pytest.fixture
 def edges(tmp_path: Path) -> Iterator[tuple[Path, list[EdgeProcess]]]:
+    clear_of_utc_midnight(60)  # each test's counts within one quota day
     tenants = tmp_path / "tenants.toml"
     tenants.write_text(tenants_toml(LIMIT))
     started: list[EdgeProcess] = []

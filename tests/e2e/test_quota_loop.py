@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from quota_clients import QUOTA_EXCEEDED, Client, wait_for
+from quota_clients import QUOTA_EXCEEDED, Client, clear_of_utc_midnight, wait_for
 
 from sinks.delta import read_table
 
@@ -90,6 +90,7 @@ class QuotaRun:
 
 @pytest.fixture(scope="module")
 def quota_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[QuotaRun]:
+    clear_of_utc_midnight(300)  # the run (~2 min, more when loaded) within one quota day
     tmp = tmp_path_factory.mktemp("quota")
     data, lake, tenants = tmp / "data", tmp / "lake", tmp / "tenants.toml"
     tenants.write_text(TENANTS)

@@ -6,12 +6,22 @@ from __future__ import annotations
 import queue
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
 QUOTA_EXCEEDED = 0x97
+
+
+def clear_of_utc_midnight(seconds: float) -> None:
+    """Return once the next ``seconds`` all fall on one UTC day (waiting past midnight if not):
+    the quota day is the UTC day, so a run across midnight sees every day count start again."""
+    now = datetime.now(UTC)
+    left = datetime.combine(now.date() + timedelta(days=1), datetime.min.time(), UTC) - now
+    if left.total_seconds() < seconds:
+        time.sleep(left.total_seconds() + 1.0)
 
 
 class Client:
