@@ -115,11 +115,13 @@ def combined_summary(records: list[Round]) -> dict[str, Any]:
     if len(accepted) < limit:
         raise BenchError(f"{records[0].tenant}: not blocked ({len(accepted)} accepted)")
     crossing = accepted[limit - 1]
+    decided = records[0].decided_at
     return {
         "tenant": records[0].tenant,
         "edges": len(records),
         "reaction_s": round(max(first_refusals) - crossing, 3),
         "first_edge_refused_s": round(min(first_refusals) - crossing, 3),
+        "decided_s": None if decided is None else round(decided - crossing, 3),
         "overshoot": len(accepted) - limit,
         "per_edge_accepted": [
             sum(1 for i, (code, _) in r.acks.items() if code < 0x80 and i < len(r.sent))
@@ -259,12 +261,32 @@ def wait_until_processed(lake: Path, tenant: str, timeout: float) -> None:
 
 
 def decided_at(lake: Path, tenant: str) -> float | None:
+    """When the pipeline decided ``blocked`` for ``tenant``; None: not yet (or no decision at
+    all yet: no ``quota_events`` table)."""
     from sinks.delta import read_table
+    from sinks.errors import DeltaSinkError
 
-    rows = read_table(
-        lake / "quota_events", f"tenant = '{tenant}' AND state = 'blocked'", ["decided_at"]
-    ).to_pylist()
+    try:
+        rows = read_table(
+            lake / "quota_events", f"tenant = '{tenant}' AND state = 'blocked'", ["decided_at"]
+        ).to_pylist()
+    except DeltaSinkError:
+        return None
     return rows[0]["decided_at"].timestamp() if rows else None
+
+
+def wait_for_decisions(lake: Path, rounds: list[list[Round]], timeout: float) -> None:
+    """Each round's ``decided_at`` (the pipeline's ``blocked`` decision), waiting for those the
+    pipeline has not committed yet (the rounds outrun it: a round ends when the edges refuse)."""
+    deadline = time.monotonic() + timeout
+    pending = rounds
+    while True:
+        for records in pending:
+            records[0].decided_at = decided_at(lake, records[0].tenant)
+        pending = [records for records in pending if records[0].decided_at is None]
+        if not pending or time.monotonic() > deadline:
+            return
+        time.sleep(1.0)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -346,8 +368,7 @@ def main(argv: list[str] | None = None) -> int:
             rounds.append(records)
             if pipeline.poll() is not None or any(edge.poll() is not None for edge, _ in edges):
                 raise BenchError("an edge or the pipeline exited during the run")
-        for records in rounds:
-            records[0].decided_at = decided_at(lake, records[0].tenant)
+        wait_for_decisions(lake, rounds, args.timeout + 120)
     finally:
         procs = [pipeline, *(edge for edge, _ in edges)]
         for proc in procs:
@@ -363,6 +384,13 @@ def main(argv: list[str] | None = None) -> int:
     now = datetime.now(UTC)
     reactions = [s["reaction_s"] for s in summaries]
     overshoots = [s["overshoot"] for s in summaries]
+    decisions = [s["decided_s"] for s in summaries if s["decided_s"] is not None]
+    for summary in summaries:
+        # Issue 14's bound with N edges: the other edges' rate times the pipeline's reaction.
+        if args.edges > 1 and summary["decided_s"] is not None:
+            bound = (args.edges - 1) * args.rate * summary["decided_s"]
+            summary["overshoot_bound"] = round(bound)
+            summary["overshoot_within_bound"] = summary["overshoot"] <= bound
     result: dict[str, Any] = {
         "benchmark": "quota reaction",
         "rounds": args.rounds,
@@ -377,6 +405,11 @@ def main(argv: list[str] | None = None) -> int:
             "p50": round(statistics.median(reactions), 3),
             "p90": round(percentile(reactions, 0.9), 3),
             "max": round(max(reactions), 3),
+        },
+        "pipeline_decided_s": {
+            "rounds_decided": len(decisions),
+            "p50": round(statistics.median(decisions), 3) if decisions else None,
+            "max": round(max(decisions), 3) if decisions else None,
         },
         "overshoot": {
             "p50": statistics.median(overshoots),

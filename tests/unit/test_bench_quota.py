@@ -63,3 +63,7 @@ def test_several_edges_count_as_one_round_from_the_limit_th_accepted_publish_ove
     assert summary["per_edge_accepted"] == [3, 2]
     assert summary["reaction_s"] == 0.003  # a's first refusal (t=100.006), the later one
     assert summary["first_edge_refused_s"] == 0.002
+    assert summary["decided_s"] is None  # the pipeline's decision not read
+
+    a.decided_at = 100.503  # the pipeline's blocked decision, 0.5 s after the crossing
+    assert combined_summary([a, b])["decided_s"] == 0.5
