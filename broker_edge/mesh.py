@@ -112,10 +112,13 @@ away for long (or gone for good) makes that read long. A receiver acknowledges a
 once when no persistent session took it (a clean session does not outlive a restart anyway), else
 only once a snapshot holding its sessions with the message in them, and its Dedup past it, is
 durable (:class:`AckGate`; the edge snapshots every second while acks wait): a receiver killed
-before that has not acknowledged it, so its origin sends it again and the restored Dedup, older than
-the message, lets it through. The WELCOME carries the origin's newest durable seq: a receiver whose
-Dedup is past it (the origin's journal started over) forgets that origin's seqs. Each end's promise
-is only as durable as its journal and snapshot (``edge.journal_fsync``).
+before that has not acknowledged it, so its origin sends it again. Such a message is in the
+receiver's session log (:mod:`broker_edge.receipts`) before any subscriber sees it: the restore puts
+it back where it was in each session and moves Dedup past it, so the copy sent again is dropped (a
+session gets it again only as the MQTT redelivery of what its subscriber had not acknowledged).
+The WELCOME carries the origin's newest durable seq: a receiver whose Dedup is past it (the
+origin's journal started over) forgets that origin's seqs. Each end's promise is only as durable
+as its journal and snapshot (``edge.journal_fsync``).
 
 Retention (issue 9) keeps the journal for the peers: the origin tells its journal each peer's
 ``acked`` (on every ACK and every second) and no segment holding a record after the lowest is
@@ -899,6 +902,12 @@ class Dedup:
 
     def restore(self, delivered: dict[str, int]) -> None:
         self.last = dict(delivered)
+
+    def delivered(self, origin: str, seq: int) -> None:
+        """``seq`` of ``origin`` was delivered here (a session log record at restore:
+        broker_edge.receipts)."""
+        if seq > self.last.get(origin, 0):
+            self.last[origin] = seq
 
     def origin_at(self, origin: str, durable_seq: int) -> bool:
         """``origin`` says its journal's newest durable seq (WELCOME): if this delivered a

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from broker_edge import sessionlog, store
+from broker_edge import receipts, sessionlog, store
 from broker_edge.broker import Broker
 from broker_edge.durability import GroupCommitter, JournalStatus
 from broker_edge.errors import ConfigError
@@ -640,9 +640,16 @@ def _message_from_row(row: dict[str, Any], node: str) -> Message:
 
 
 def _apply_change(broker: Broker, mesh: Mesh, change: dict[str, Any], now: float) -> None:
-    """One session log record at restore: a session's change, or a mesh peer's."""
-    if change["op"] == sessionlog.PEER:
+    """One session log record at restore: a session's change, a mesh peer's, or a crossing
+    message delivered here (broker_edge.receipts)."""
+    op = change["op"]
+    if op == sessionlog.PEER:
         mesh.restore_change(str(change["n"]), int(change["seq"]), change["i"])
+    elif op == receipts.RX:
+        mesh.dedup.delivered(str(change["o"]), int(change["q"]))
+        receipts.restore_received(broker.router, change)
+    elif op == receipts.RX_DONE:
+        receipts.restore_done(broker.router, change)
     else:
         broker.apply_session_record(change, now)
 

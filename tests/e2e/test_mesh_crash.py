@@ -5,6 +5,7 @@ Whatever A acknowledged reaches the subscriber, and nothing reaches it twice."""
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import time
 from collections.abc import Iterator
@@ -209,5 +210,71 @@ def test_sigkill_of_the_receiver_mid_stream(edges: list[EdgeProcess]) -> None:
     stream.wait_acked(400)
     back = _connect(b.mqtt_port, "kill-b-sub", clean=False)
     _assert_once(_arrivals(back, stream.acked()), set(range(400)), 400)
+    back.close()
+    pub.close()
+
+
+def _numbered(client: Client) -> queue.Queue[tuple[int, bool]]:
+    """What ``client`` gets from now on, as (number, DUP flag)."""
+    arrivals: queue.Queue[tuple[int, bool]] = queue.Queue()
+    client.paho.on_message = lambda c, u, m: arrivals.put((int(m.payload), bool(m.dup)))
+    return arrivals
+
+
+def _until_quiet(
+    arrivals: queue.Queue[tuple[int, bool]], wanted: set[int]
+) -> list[tuple[int, bool]]:
+    """What ``arrivals`` gets until it has every one of ``wanted``, then until it is quiet."""
+    got: list[tuple[int, bool]] = []
+    deadline = time.monotonic() + ARRIVAL
+    while not wanted <= {n for n, _ in got}:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"missing {sorted(wanted - {n for n, _ in got})[:20]}"
+        with contextlib.suppress(queue.Empty):
+            got.append(arrivals.get(timeout=remaining))
+    with contextlib.suppress(queue.Empty):
+        while True:
+            got.append(arrivals.get(timeout=QUIET))
+    return got
+
+
+def test_sigkill_of_the_receiver_with_its_subscriber_online(edges: list[EdgeProcess]) -> None:
+    """B delivers A's stream to an online persistent session and dies in the middle of it:
+    what B delivered before a snapshot held it was in its session log first, so the restarted B
+    drops A's copies sent again (by origin and seq). The subscriber gets every message; a
+    message twice only as the MQTT redelivery of one whose PUBACK B had not made durable (DUP=1,
+    at most B's in-flight window: see broker_edge.receipts)."""
+    a, b, _ = edges
+    pub = _connect(a.mqtt_port, "online-pub", clean=True)
+    sub = _subscriber(b, "online-sub", "online/#", pub)
+    got = _numbered(sub)
+    stream = Stream(pub, "online/x")
+    total = 1000  # below edge.max_queued_messages: B queues what A sends while it is away
+    stream.send(range(total))
+    first: list[tuple[int, bool]] = []
+    while len(first) < 200:
+        first.append(got.get(timeout=ARRIVAL))
+    b.kill()
+    assert sub.disconnected.wait(SETTLE)
+    sub.paho.loop_stop()
+    while not got.empty():
+        first.append(got.get())
+    assert len(first) < total  # killed in the middle of it
+    stream.wait_acked(total)
+    _restart(b, a)
+    back = _connect(b.mqtt_port, "online-sub", clean=False)
+    again = _numbered(back)
+    arrivals = first + _until_quiet(again, set(range(total)) - {n for n, _ in first})
+    numbers = [n for n, _ in arrivals]
+    assert set(numbers) == set(range(total)), f"missing {sorted(set(range(total)) - set(numbers))}"
+    seen: set[int] = set()
+    second = []
+    for number, dup in arrivals:
+        if number in seen:
+            second.append((number, dup))
+        seen.add(number)
+    assert all(dup for _, dup in second), f"delivered again as new: {second[:20]}"
+    assert len(second) <= 100  # edge.max_inflight_messages: what B had sent and not had acked
+    assert _sys(b, "duplicates") > 0  # A's copies sent again, dropped by the restarted B
     back.close()
     pub.close()
