@@ -15,7 +15,7 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from tests.helpers.edge_process import TENANT_TOKEN, EdgeProcess
-from tests.helpers.mesh_clients import SETTLE, settle
+from tests.helpers.mesh_clients import SETTLE, numbers_until_quiet, settle
 from tests.helpers.mesh_edges import meshed, sys_values, wait_inbound_up
 from tests.integration.conftest import Client, Received
 
@@ -109,20 +109,7 @@ def _subscriber(b: EdgeProcess, client_id: str, topic_filter: str, publisher: Cl
 
 def _arrivals(sub: Client, wanted: set[int]) -> list[int]:
     """The numbers ``sub`` gets until it has every one of ``wanted``, then until it is quiet."""
-    got: list[int] = []
-    deadline = time.monotonic() + ARRIVAL
-    while not wanted <= set(got):
-        remaining = deadline - time.monotonic()
-        assert remaining > 0, f"missing {sorted(wanted - set(got))[:20]}"
-        try:
-            got.append(int(sub.get(timeout=remaining).payload))
-        except queue.Empty:
-            continue
-    while True:
-        try:
-            got.append(int(sub.get(timeout=QUIET).payload))
-        except queue.Empty:
-            return got
+    return numbers_until_quiet(sub, wanted, ARRIVAL, QUIET)
 
 
 def _assert_once(got: list[int], acked: set[int], published: int) -> None:
