@@ -24,7 +24,7 @@ import json
 import logging
 import random
 import typing
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Container
 from pathlib import Path
 from typing import Any
@@ -224,6 +224,7 @@ class Mesh:
         # Journal rescans for peers' filters subscribed while their link was down, per peer
         # (Mesh._catch_up): its link's frames are held until none is running.
         self.catching: dict[str, int] = {}
+        self.caught_up = 0  # QoS 1/2 messages a rescan found for such filters
         self._rescans: set[asyncio.Task[None]] = set()
         # By peer node, on the origin's side: what it wants, what it has not acknowledged.
         self.routes: dict[str, PeerRoutes] = {}
@@ -673,17 +674,13 @@ class Mesh:
 
     async def _rescan(self, node: str, catch_up: mesh.CatchUp, upto: int) -> None:
         try:
-            rows = await asyncio.get_running_loop().run_in_executor(
-                None, _records, self.journal_dir, catch_up.seen, upto
+            matched = await asyncio.get_running_loop().run_in_executor(
+                None, _matching, self.journal_dir, self.node_id, catch_up, upto
             )
             unacked = self.unacked[node]
-            found: dict[int, bytes] = {}
-            for row in rows:
-                message = message_from_row(row, self.node_id)
-                if message.seq not in unacked.frames and catch_up.wants(message):
-                    found[message.seq] = mesh.publish_frame(message)
+            found = {seq: data for seq, data in matched.items() if seq not in unacked.frames}
             unacked.merge(found)
-            self.replayed += len(found)
+            self.caught_up += len(found)
             log.info(
                 "link in from %s: %d message(s) of seqs %d..%d for filters subscribed while "
                 "the link was down",
@@ -975,6 +972,7 @@ class Mesh:
             ("publish/received", str(self.received)),
             ("publish/duplicates", str(self.dedup.dropped)),
             ("publish/replayed", str(self.replayed)),
+            ("publish/caught_up", str(self.caught_up)),
             ("publish/congested", str(self.congested)),
             ("publish/unacked", str(sum(len(u) for u in self.unacked.values()))),
             ("publish/unacked_dropped", str(sum(u.dropped for u in self.unacked.values()))),
@@ -1018,15 +1016,26 @@ class Mesh:
         self.broker.flush_dirty()
 
 
-def _records(directory: Path, after: int, upto: int) -> list[dict[str, Any]]:
-    """The journal records ``after+1..upto`` (on an executor thread); those retention removed
-    are gone."""
+def _matching(directory: Path, node: str, catch_up: mesh.CatchUp, upto: int) -> dict[int, bytes]:
+    """The PUBLISH frames of the journal records after ``catch_up.seen`` up to ``upto`` that
+    ``catch_up`` wants, by seq (on an executor thread; the newest MAX_UNACKED at most, as
+    Unacked keeps; records retention removed are gone)."""
     reader = JournalReader(directory)
+    after = catch_up.seen
     oldest = reader.first_seq()
     if oldest is not None and after + 1 < oldest:
         log.warning("journal records %d..%d were removed: not rescanned", after + 1, oldest - 1)
         after = oldest - 1
-    return list(reader.read_records(after, upto)) if upto > after else []
+    found: OrderedDict[int, bytes] = OrderedDict()
+    if upto <= after:
+        return found
+    for row in reader.read_records(after, upto):
+        message = message_from_row(row, node)
+        if catch_up.wants(message):
+            found[message.seq] = mesh.publish_frame(message)
+            if len(found) > mesh.MAX_UNACKED:
+                found.popitem(last=False)
+    return found
 
 
 def _frames(message: Message, nodes: list[str], given: dict[str, list[Share]]) -> dict[str, bytes]:

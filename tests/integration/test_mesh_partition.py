@@ -80,3 +80,6 @@ def test_a_filter_subscribed_while_the_link_is_down_gets_what_its_origin_took_me
     got = numbers_until_quiet(sub, set(range(50, 200)))
     # Each once, in order, none from before the subscription.
     assert got == list(range(50, 200)), f"{len(got)} messages: {got[:10]}...{got[-10:]}"
+    topic = "$SYS/broker/mesh/publish/caught_up"
+    found = int(sys_values(a.mqtt_port, topic, lambda values: topic in values)[topic])
+    assert 100 <= found <= 150  # from A's journal: 50..149, and any of 150.. before the filter
