@@ -888,14 +888,18 @@ class Broker:
             self._want_session_sync()
         return True
 
-    def log_received_done(self, session: Session, out: Outbound) -> None:
-        """``session``'s subscriber ended its exchange of a crossing message: the restore no
-        longer gives it back (broker_edge.receipts; nothing waits for this record)."""
+    def log_received_done(self, session: Session, out: Outbound, *, ended: bool) -> None:
+        """``session``'s subscriber ended its exchange of a crossing message (the restore no
+        longer gives it back; nothing waits for this record), or, not ``ended``, received it at
+        QoS 2 (PUBREC: the restore sends only its PUBREL again, which waits for this record):
+        see broker_edge.receipts."""
         session_log = self.session_log
         if session_log is None:
             return
-        record = receipts.done(session, out)
+        record = receipts.done(session, out, ended=ended)
         session_log.append({"op": receipts.RX_DONE, "seq": self.journal.appended_seq, **record})
+        if not ended and session.connection is not None:
+            self.outbox.hold(session.connection)
         self._want_session_sync()
 
     def _refuse_acks(self, conn: Connection, acks: list[tuple[int, int, int]]) -> None:

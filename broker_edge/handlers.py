@@ -199,9 +199,13 @@ def handle_ack(
     session = broker.session_of[conn]
     pid = packet.packet_id
     out = None if session.clean else session.inflight.get(pid)
+    before = out.state if out is not None else None
     if broker.router.acked(session, pid, event):
-        if out is not None and pid not in session.inflight and _crossed(broker, out):
-            broker.log_received_done(session, out)  # broker_edge.receipts
+        ended = pid not in session.inflight
+        if out is not None and (ended or out.state is not before) and _crossed(broker, out):
+            # broker_edge.receipts: ended (PUBACK, PUBCOMP), or received (PUBREC: its PUBREL
+            # waits for the record, so the client never has it released before it is durable)
+            broker.log_received_done(session, out, ended=ended)
         if event is _PUBREC:
             conn.send(Pubrel(packet_id=packet.packet_id))  # [MQTT-4.3.3-3]
         elif session.queue:  # most acks: nothing waits

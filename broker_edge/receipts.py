@@ -16,13 +16,18 @@ time.
 
 When the subscriber ends the exchange (PUBACK; PUBCOMP for QoS 2) an ``{"op": "rxdone"}``
 record follows (synced with the next batch, nothing held for it): the restore takes the message
-out of the session again. So after a crash a crossing message reaches a persistent session
-again only when its edge had not made the subscriber's acknowledgement durable: the subscriber
-had not acknowledged it, or its PUBACK/PUBCOMP was read at most one loop iteration before the
-crash. That copy is the MQTT redelivery of an unacknowledged message, with DUP=1 and its packet
-id (a packet id a local delivery took again since the snapshot is the one exception: the copy
-is queued then, and sent under a new id). QoS 1 gives no more: a PUBACK lost with the crash is
-indistinguishable from one never sent.
+out of the session again. A QoS 2 PUBREC is recorded too (``"rec"``), and the PUBREL that answers
+it is held until that record is durable: the restore then sends only the PUBREL again, never the
+message, so a subscriber that keeps its session state (the QoS 2 packet ids it has not had
+released [MQTT-4.3.3-9]) gets a QoS 2 crossing message exactly once across the crash.
+
+So after a crash a QoS 1 crossing message reaches a persistent session again only when its
+edge had not made the subscriber's PUBACK durable: the subscriber had not acknowledged it, or
+its PUBACK was read at most one loop iteration before the crash. That copy is the MQTT
+redelivery of an unacknowledged message, with DUP=1 and its packet id (a packet id a local
+delivery took again since the snapshot is the one exception: the copy is queued then, and sent
+under a new id). QoS 1 gives no more: a PUBACK lost with the crash is indistinguishable from one
+never sent.
 """
 
 from __future__ import annotations
@@ -75,11 +80,14 @@ def _where(session: Session, message: Message) -> int | None:
     return _GONE
 
 
-def done(session: Session, out: Outbound) -> dict[str, Any]:
-    """The ``rx done`` record of a crossing message ``session``'s subscriber finished (its
-    fields but ``op`` and ``seq``)."""
+def done(session: Session, out: Outbound, *, ended: bool = True) -> dict[str, Any]:
+    """The ``rx done`` record of a crossing message ``session``'s subscriber finished, or (not
+    ``ended``) received at QoS 2 (its fields but ``op`` and ``seq``)."""
     message = out.message
-    return {"t": session.tenant, "c": session.client_id, "o": message.origin, "q": message.seq}
+    record = {"t": session.tenant, "c": session.client_id, "o": message.origin, "q": message.seq}
+    if not ended:
+        record["rec"] = 1
+    return record
 
 
 def restore_received(router: Router, record: dict[str, Any]) -> None:
@@ -98,10 +106,18 @@ def restore_received(router: Router, record: dict[str, Any]) -> None:
 
 
 def restore_done(router: Router, record: dict[str, Any]) -> None:
-    """An ``rx done`` record: the message is no longer the session's."""
+    """An ``rx done`` record: the message is no longer the session's (received at QoS 2: only
+    its PUBREL is sent again)."""
     session = router.sessions.get((record["t"], record["c"]))
-    if session is not None:
-        session.forget(str(record["o"]), int(record["q"]))
+    if session is None:
+        return
+    origin, seq = str(record["o"]), int(record["q"])
+    if not record.get("rec"):
+        session.forget(origin, seq)
+        return
+    for out in session.inflight.values():
+        if out.message.seq == seq and out.message.origin == origin:
+            out.state = Flow.OUT_AWAIT_PUBCOMP
 
 
 __all__ = ["RX", "RX_DONE", "done", "received", "restore_done", "restore_received"]

@@ -1,4 +1,4 @@
-"""QoS 1 across the edge mesh survives a SIGKILL of either edge (issue 11): three real
+"""QoS 1 (and 2) across the edge mesh survives a SIGKILL of either edge (issue 11): three real
 ``edgebus edge`` processes meshed (tests.helpers.mesh_edges), a stock paho publisher streaming
 numbered QoS 1 messages on edge A and a paho subscriber with a persistent session on edge B.
 Whatever A acknowledged reaches the subscriber, and nothing reaches it twice."""
@@ -24,6 +24,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 # How long the subscriber waits for the stream, and then for a copy too many.
 ARRIVAL = 45.0
 QUIET = 2.0
+# What a subscriber gets, as (number, DUP flag).
+Numbered = queue.Queue[tuple[int, bool]]
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +34,9 @@ def edges(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[EdgeProcess
         yield started
 
 
-def _connect(port: int, client_id: str, *, clean: bool) -> Client:
-    """A paho 3.1.1 client of tenant acme on the edge at ``port``, connected and looping."""
+def _connect(port: int, client_id: str, *, clean: bool, numbered: Numbered | None = None) -> Client:
+    """A paho 3.1.1 client of tenant acme on the edge at ``port``, connected and looping;
+    with ``numbered``, what it gets goes there as (number, DUP flag) from the start."""
     paho = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=clean)
     client = Client(paho)
     connected: queue.Queue[bool] = queue.Queue()
@@ -41,6 +44,8 @@ def _connect(port: int, client_id: str, *, clean: bool) -> Client:
     paho.on_message = lambda c, u, m: client.messages.put(
         Received(m.topic, m.payload, m.qos, bool(m.retain))
     )
+    if numbered is not None:
+        paho.on_message = lambda c, u, m: numbered.put((int(m.payload), bool(m.dup)))
     paho.on_disconnect = lambda c, u, flags, rc, props: client.disconnected.set()
     paho.username_pw_set(TENANT_TOKEN)
     # Few publishes in flight: a stream is still going when a test kills an edge right after
@@ -59,11 +64,12 @@ class Stream:
 
     client: Client
     topic: str
+    qos: int = 1
     sent: list[tuple[int, mqtt.MQTTMessageInfo]] = field(default_factory=list)
 
     def send(self, numbers: range) -> None:
         for number in numbers:
-            info = self.client.paho.publish(self.topic, str(number).encode(), qos=1)
+            info = self.client.paho.publish(self.topic, str(number).encode(), qos=self.qos)
             self.sent.append((number, info))
 
     def acked(self) -> set[int]:
@@ -201,16 +207,14 @@ def test_sigkill_of_the_receiver_mid_stream(edges: list[EdgeProcess]) -> None:
     pub.close()
 
 
-def _numbered(client: Client) -> queue.Queue[tuple[int, bool]]:
+def _numbered(client: Client) -> Numbered:
     """What ``client`` gets from now on, as (number, DUP flag)."""
-    arrivals: queue.Queue[tuple[int, bool]] = queue.Queue()
+    arrivals: Numbered = queue.Queue()
     client.paho.on_message = lambda c, u, m: arrivals.put((int(m.payload), bool(m.dup)))
     return arrivals
 
 
-def _until_quiet(
-    arrivals: queue.Queue[tuple[int, bool]], wanted: set[int]
-) -> list[tuple[int, bool]]:
+def _until_quiet(arrivals: Numbered, wanted: set[int]) -> list[tuple[int, bool]]:
     """What ``arrivals`` gets until it has every one of ``wanted``, then until it is quiet."""
     got: list[tuple[int, bool]] = []
     deadline = time.monotonic() + ARRIVAL
@@ -225,6 +229,21 @@ def _until_quiet(
     return got
 
 
+def _killed_while_delivering(
+    b: EdgeProcess, sub: Client, got: Numbered, stream: Stream, total: int
+) -> list[tuple[int, bool]]:
+    """``stream`` sends ``total`` numbers through B to ``sub``; B is SIGKILLed once ``sub`` has
+    a fifth of them (B in the middle of delivering the rest). What ``sub`` got by then."""
+    stream.send(range(total))
+    first: list[tuple[int, bool]] = []
+    while len(first) < total // 5:
+        first.append(got.get(timeout=ARRIVAL))
+    b.kill()
+    assert sub.disconnected.wait(SETTLE)
+    stream.wait_acked(total)
+    return first
+
+
 def test_sigkill_of_the_receiver_with_its_subscriber_online(edges: list[EdgeProcess]) -> None:
     """B delivers A's stream to an online persistent session and dies in the middle of it:
     what B delivered before a snapshot held it was in its session log first, so the restarted B
@@ -235,22 +254,15 @@ def test_sigkill_of_the_receiver_with_its_subscriber_online(edges: list[EdgeProc
     pub = _connect(a.mqtt_port, "online-pub", clean=True)
     sub = _subscriber(b, "online-sub", "online/#", pub)
     got = _numbered(sub)
-    stream = Stream(pub, "online/x")
     total = 1000  # below edge.max_queued_messages: B queues what A sends while it is away
-    stream.send(range(total))
-    first: list[tuple[int, bool]] = []
-    while len(first) < 200:
-        first.append(got.get(timeout=ARRIVAL))
-    b.kill()
-    assert sub.disconnected.wait(SETTLE)
+    first = _killed_while_delivering(b, sub, got, Stream(pub, "online/x"), total)
     sub.paho.loop_stop()
     while not got.empty():
         first.append(got.get())
     assert len(first) < total  # killed in the middle of it
-    stream.wait_acked(total)
     _restart(b, a)
-    back = _connect(b.mqtt_port, "online-sub", clean=False)
-    again = _numbered(back)
+    again: Numbered = queue.Queue()  # B sends what it put back in flight at once
+    back = _connect(b.mqtt_port, "online-sub", clean=False, numbered=again)
     arrivals = first + _until_quiet(again, set(range(total)) - {n for n, _ in first})
     numbers = [n for n, _ in arrivals]
     assert set(numbers) == set(range(total)), f"missing {sorted(set(range(total)) - set(numbers))}"
@@ -264,4 +276,27 @@ def test_sigkill_of_the_receiver_with_its_subscriber_online(edges: list[EdgeProc
     assert len(second) <= 100  # edge.max_inflight_messages: what B had sent and not had acked
     assert _sys(b, "duplicates") > 0  # A's copies sent again, dropped by the restarted B
     back.close()
+    pub.close()
+
+
+def test_sigkill_of_the_receiver_with_its_qos2_subscriber_online(edges: list[EdgeProcess]) -> None:
+    """As above at QoS 2, the subscriber a paho client that keeps its session state (the QoS 2
+    packet ids not yet released) and reconnects to the restarted B by itself: B sends again
+    only what it had not had received, and a PUBREL only for what it had: every message once."""
+    a, b, _ = edges
+    pub = _connect(a.mqtt_port, "online2-pub", clean=True)
+    sub = _connect(b.mqtt_port, "online2-sub", clean=False)
+    sub.subscribe("online2/#", qos=2)
+    settle(pub.paho, [sub], "online2/probe")
+    got = _numbered(sub)
+    total = 600  # below edge.max_queued_messages: B queues what A sends while it is away
+    first = _killed_while_delivering(b, sub, got, Stream(pub, "online2/x", qos=2), total)
+    _restart(b, a)  # the subscriber's paho reconnects on its own, with its session state
+    arrivals = first + _until_quiet(got, set(range(total)) - {n for n, _ in first})
+    numbers = [n for n, _ in arrivals]
+    twice = sorted({n for n in numbers if numbers.count(n) > 1})
+    assert not twice, f"delivered twice: {twice[:20]}"
+    assert sorted(numbers) == list(range(total))
+    assert _sys(b, "duplicates") > 0  # A's copies sent again, dropped by the restarted B
+    sub.close()
     pub.close()

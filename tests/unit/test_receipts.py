@@ -80,3 +80,12 @@ def test_a_delivery_dropped_by_a_full_queue_is_not_recorded() -> None:
     message = _crossing(5)
     record, sessions = receipts.received(message, [(online, message, Q1, False, ())])
     assert (record, sessions) == ({}, [])
+
+
+def test_a_qos2_message_its_subscriber_received_gets_only_its_pubrel_again() -> None:
+    record = _delivered(_router()[0], _crossing(5))
+    router, online, _, _ = _router()
+    receipts.restore_received(router, record)
+    received = receipts.done(online, online.inflight[7], ended=False)  # PUBREC
+    receipts.restore_done(router, json.loads(json.dumps(received)))
+    assert online.inflight[7].state is Flow.OUT_AWAIT_PUBCOMP  # outbox.resume_session: PUBREL
