@@ -27,7 +27,7 @@ from collections.abc import Callable, Container, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from broker_edge import sessionlog
+from broker_edge import receipts, sessionlog
 from broker_edge.connection import (
     PAUSED_BY_BACKLOG,
     PAUSED_BY_CLAIM,
@@ -60,11 +60,12 @@ from broker_edge.packets import (
 from broker_edge.plim import connect_details, disconnect_details, log_event
 from broker_edge.router import (
     SESSION_NEVER_EXPIRES,
+    Delivery,
     Namespace,
     Router,
     SessionBounds,
 )
-from broker_edge.session import NO_CLAIM, Session
+from broker_edge.session import NO_CLAIM, Outbound, Session
 from broker_edge.sessionlog import SessionLog, SessionLogError
 from broker_edge.sessionmoves import SessionMoves
 from broker_edge.settings import EdgeSettings
@@ -868,9 +869,38 @@ class Broker:
         if self.moves.adopted:
             self.moves.note(deliveries)
         self.outbox.deliver(deliveries)
-        return bool(message.qos) and any(
-            qos and not session.clean for session, _, qos, _, _ in deliveries
-        )
+        if not message.qos:
+            return False
+        return self._log_received(message, deliveries)
+
+    def _log_received(self, message: Message, deliveries: list[Delivery]) -> bool:
+        """A crossing QoS 1/2 message the persistent sessions of ``deliveries`` took: in the
+        session log before their clients see it (broker_edge.receipts). True if any took it."""
+        record, sessions = receipts.received(message, deliveries)
+        if not sessions:
+            return False
+        session_log = self.session_log
+        if session_log is not None:
+            session_log.append({"op": receipts.RX, "seq": self.journal.appended_seq, **record})
+            for session in sessions:
+                if session.connection is not None:
+                    self.outbox.hold(session.connection)
+            self._want_session_sync()
+        return True
+
+    def log_received_done(self, session: Session, out: Outbound, *, ended: bool) -> None:
+        """``session``'s subscriber ended its exchange of a crossing message (the restore no
+        longer gives it back; nothing waits for this record), or, not ``ended``, received it at
+        QoS 2 (PUBREC: the restore sends only its PUBREL again, which waits for this record):
+        see broker_edge.receipts."""
+        session_log = self.session_log
+        if session_log is None:
+            return
+        record = receipts.done(session, out, ended=ended)
+        session_log.append({"op": receipts.RX_DONE, "seq": self.journal.appended_seq, **record})
+        if not ended and session.connection is not None:
+            self.outbox.hold(session.connection)
+        self._want_session_sync()
 
     def _refuse_acks(self, conn: Connection, acks: list[tuple[int, int, int]]) -> None:
         """The journal failed the frame of a turn's last record. Its publishes that an earlier

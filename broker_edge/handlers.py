@@ -38,7 +38,7 @@ from broker_edge.packets import (
     Will,
 )
 from broker_edge.plim import subscribe_details
-from broker_edge.session import Session
+from broker_edge.session import Outbound, Session
 from broker_edge.states import ACK_EVENTS, FlowEvent
 from broker_edge.tenants import ALLOW_ALL
 from broker_edge.topics import InvalidTopic, parse_subscription_filter, validate_topic_name
@@ -197,11 +197,25 @@ def handle_ack(
     """PUBACK, PUBREC or PUBCOMP: the client acknowledged a delivery (states.Flow.OUT_*)."""
     event = ACK_EVENTS[type(packet)]
     session = broker.session_of[conn]
-    if broker.router.acked(session, packet.packet_id, event):
+    pid = packet.packet_id
+    out = None if session.clean else session.inflight.get(pid)
+    before = out.state if out is not None else None
+    if broker.router.acked(session, pid, event):
+        ended = pid not in session.inflight
+        if out is not None and (ended or out.state is not before) and _crossed(broker, out):
+            # broker_edge.receipts: ended (PUBACK, PUBCOMP), or received (PUBREC: its PUBREL
+            # waits for the record, so the client never has it released before it is durable)
+            broker.log_received_done(session, out, ended=ended)
         if event is _PUBREC:
             conn.send(Pubrel(packet_id=packet.packet_id))  # [MQTT-4.3.3-3]
         elif session.queue:  # most acks: nothing waits
             broker.outbox.drain(session)
+
+
+def _crossed(broker: Broker, out: Outbound) -> bool:
+    """Whether ``out``'s message came from a peer (broker_edge.mesh)."""
+    origin = out.message.origin
+    return bool(origin) and origin != broker.node_id
 
 
 def handle_pubrel(broker: Broker, conn: Connection, packet: Pubrel, now: float) -> None:

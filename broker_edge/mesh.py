@@ -31,6 +31,17 @@ set, ended by :data:`SYNCED`, then changes as they happen (a filter's first subs
 its last removes it). The whole set replaces the peer's filters only once it is all there: until
 then the origin routes by the filters the peer had (and the new ones as they arrive), so a
 publish made between the link's admission and the end of the set is not missed.
+A filter subscribed while the link was down is one the origin does not hold when the set comes:
+the set says when each filter was subscribed, and SYNCED the highest seq of the origin delivered
+at the dialer; the origin rescans its journal after that seq for the QoS 1/2 messages such a
+filter matches that were published since it was subscribed (:class:`CatchUp`; as if the link
+had been up: a QoS 0 message is not sent again, what was published before the subscription does
+not go) and merges them into the peer's Unacked. Since Dedup keeps a high-water mark, nothing
+goes to an accepted link before that (its frames wait until SYNCED, at most ``SYNC_WAIT``, and
+the rescan): then Unacked, in seq order, then what waited. Chosen where the issue is silent:
+edges' clocks are in sync (as for retained messages); a filter's time is its first subscriber's
+on this run of the dialer (a filter restored at start counts from the restart); shares are not
+rescanned.
 The origin keeps each peer's filters in a trie per tenant (:class:`PeerRoutes`) and sends a
 publish once to each peer with a matching filter. Only the origin journals a publish: the
 receiver routes it to its own sessions and never forwards it again (one hop, no loops).
@@ -112,10 +123,13 @@ away for long (or gone for good) makes that read long. A receiver acknowledges a
 once when no persistent session took it (a clean session does not outlive a restart anyway), else
 only once a snapshot holding its sessions with the message in them, and its Dedup past it, is
 durable (:class:`AckGate`; the edge snapshots every second while acks wait): a receiver killed
-before that has not acknowledged it, so its origin sends it again and the restored Dedup, older than
-the message, lets it through. The WELCOME carries the origin's newest durable seq: a receiver whose
-Dedup is past it (the origin's journal started over) forgets that origin's seqs. Each end's promise
-is only as durable as its journal and snapshot (``edge.journal_fsync``).
+before that has not acknowledged it, so its origin sends it again. Such a message is in the
+receiver's session log (:mod:`broker_edge.receipts`) before any subscriber sees it: the restore puts
+it back where it was in each session and moves Dedup past it, so the copy sent again is dropped (a
+session gets it again only as the MQTT redelivery of what its subscriber had not acknowledged).
+The WELCOME carries the origin's newest durable seq: a receiver whose Dedup is past it (the
+origin's journal started over) forgets that origin's seqs. Each end's promise is only as durable
+as its journal and snapshot (``edge.journal_fsync``).
 
 Retention (issue 9) keeps the journal for the peers: the origin tells its journal each peer's
 ``acked`` (on every ACK and every second) and no segment holding a record after the lowest is
@@ -344,7 +358,23 @@ def parse_welcome(body: bytes) -> tuple[str, int]:
 
 
 PING_FRAME = frame(PING, b"")
-SYNCED_FRAME = frame(SYNCED, b"")
+
+
+def synced(seen: int) -> bytes:
+    """The end of a link's whole set of filters, with the highest QoS 1/2 seq of the acceptor
+    delivered here (where the acceptor rescans its journal from for the filters it did not
+    know: :class:`CatchUp`)."""
+    return frame(SYNCED, _json({"seen": seen}))
+
+
+def parse_synced(body: bytes) -> int | None:
+    """The seq a SYNCED names (None: it names none, no rescan)."""
+    if not body:
+        return None
+    seen = _doc(body, "SYNCED").get("seen")
+    if type(seen) is not int or seen < 0:
+        raise MeshProtocolError("SYNCED: bad seen")
+    return seen
 
 
 def refuse(reason: str) -> bytes:
@@ -416,6 +446,8 @@ class InterestChange:
     remove: list[str]
     shares: list[tuple[str, str, int]] = dataclasses.field(default_factory=list)
     unshared: list[Share] = dataclasses.field(default_factory=list)
+    # A link's whole set only: when each filter added was subscribed (µs since the epoch).
+    at: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 def interest_frame(
@@ -424,6 +456,7 @@ def interest_frame(
     remove: Iterable[str],
     shares: Iterable[tuple[str, str, int]] = (),
     unshared: Iterable[Share] = (),
+    at: dict[str, int] | None = None,
 ) -> bytes:
     doc: dict[str, object] = {"t": tenant, "add": list(add), "del": list(remove)}
     sset = [list(share) for share in shares]
@@ -432,6 +465,8 @@ def interest_frame(
         doc["sset"] = sset
     if sdel:
         doc["sdel"] = sdel
+    if at:
+        doc["at"] = at
     return frame(INTEREST, _json(doc))
 
 
@@ -450,6 +485,7 @@ def parse_interest(body: bytes) -> InterestChange:
     doc = _doc(body, "INTEREST")
     tenant, add, remove = doc.get("t"), doc.get("add"), doc.get("del")
     shares, unshared = doc.get("sset", []), doc.get("sdel", [])
+    at = doc.get("at", {})
     if (
         not isinstance(tenant, str)
         or not isinstance(add, list)
@@ -461,12 +497,19 @@ def parse_interest(body: bytes) -> InterestChange:
         or not all(_is_share(share, 2) for share in unshared)
     ):
         raise MeshProtocolError("INTEREST: expected t, add, del (and sset, sdel)")
+    if (
+        not isinstance(at, dict)
+        or not all(type(ts) is int and ts >= 0 for ts in at.values())
+        or not set(at) <= set(add)
+    ):
+        raise MeshProtocolError("INTEREST: at must give a time to filters added")
     return InterestChange(
         tenant,
         add,
         remove,
         [(g, f, n) for g, f, n in shares],
         [(g, f) for g, f in unshared],
+        dict(at),
     )
 
 
@@ -672,12 +715,16 @@ class Interest:
         self.shares: dict[tuple[str, str, str], int] = {}
         self.share_changes: dict[tuple[str, str, str], int | None] = {}
         self.on_change: Callable[[], None] = _nothing
+        # When each filter got its first subscriber (µs since the epoch, by ``clock``).
+        self.since: dict[tuple[str, str], int] = {}
+        self.clock: Callable[[], int] = _zero
 
     def add(self, tenant: str, topic_filter: str) -> None:
         key = (tenant, topic_filter)
         count = self.counts.get(key, 0)
         self.counts[key] = count + 1
         if not count:
+            self.since[key] = self.clock()
             self._changed(key, True)
 
     def remove(self, tenant: str, topic_filter: str) -> None:
@@ -685,6 +732,7 @@ class Interest:
         count = self.counts.get(key, 0)
         if count <= 1:
             self.counts.pop(key, None)
+            self.since.pop(key, None)
             if count:
                 self._changed(key, False)
         else:
@@ -713,8 +761,9 @@ class Interest:
         self.on_change()
 
     def snapshot(self) -> list[bytes]:
-        """INTEREST frames of every filter and share held now (for a new link)."""
-        return _frames(dict.fromkeys(self.counts, True), dict(self.shares))
+        """INTEREST frames of every filter and share held now, with when each filter was
+        subscribed (for a new link: see :class:`CatchUp`)."""
+        return _frames(dict.fromkeys(self.counts, True), dict(self.shares), self.since)
 
     def take_changes(self) -> list[bytes]:
         """INTEREST frames of the changes since the last call."""
@@ -724,7 +773,9 @@ class Interest:
 
 
 def _frames(
-    changes: dict[tuple[str, str], bool], shares: dict[tuple[str, str, str], int | None]
+    changes: dict[tuple[str, str], bool],
+    shares: dict[tuple[str, str, str], int | None],
+    since: dict[tuple[str, str], int] | None = None,
 ) -> list[bytes]:
     by_tenant: dict[str, InterestChange] = {}
 
@@ -737,6 +788,8 @@ def _frames(
     for (tenant, topic_filter), wanted in changes.items():
         change = of(tenant)
         (change.add if wanted else change.remove).append(topic_filter)
+        if since is not None:
+            change.at[topic_filter] = since.get((tenant, topic_filter), 0)
     for (tenant, group, topic_filter), online in shares.items():
         change = of(tenant)
         if online is None:
@@ -744,7 +797,8 @@ def _frames(
         else:
             change.shares.append((group, topic_filter, online))
     return [
-        interest_frame(c.tenant, c.add, c.remove, c.shares, c.unshared) for c in by_tenant.values()
+        interest_frame(c.tenant, c.add, c.remove, c.shares, c.unshared, c.at)
+        for c in by_tenant.values()
     ]
 
 
@@ -760,27 +814,45 @@ class PeerRoutes:
         self._filters: dict[str, set[str]] = {}  # the same, as filters (to read)
         self.shares = PeerShares()
         self.incoming: PeerRoutes | None = None  # the set being told, while it is
+        self.at: dict[tuple[str, str], int] = {}  # a set's filters: when each was subscribed
 
     def begin(self) -> None:
         """A link's whole set comes next (a set begun before and not ended is dropped)."""
         self.incoming = PeerRoutes()
 
-    def end(self) -> None:
-        """The whole set was told: it replaces the filters held before."""
+    def end(self) -> dict[tuple[str, str], int]:
+        """The whole set was told: it replaces the filters held before. Returns the filters
+        of the set not held before, with when each was subscribed (those the set timed)."""
         incoming = self.incoming
         if incoming is None:
             raise MeshProtocolError("SYNCED without a link's set of filters before it")
+        held = self._filters
+        new = {
+            (tenant, f): ts
+            for (tenant, f), ts in incoming.at.items()
+            if f in incoming._filters.get(tenant, ()) and f not in held.get(tenant, ())
+        }
         self.tenants, self._filters, self.incoming = incoming.tenants, incoming._filters, None
         self.shares = incoming.shares
+        return new
 
     def filters(self) -> dict[str, list[str]]:
         """The peer's filters per tenant, sorted."""
         return {tenant: sorted(held) for tenant, held in self._filters.items()}
 
-    def apply(self, tenant: str, add: Iterable[str], remove: Iterable[str]) -> None:
-        """Raises MeshProtocolError for a filter that is not one."""
+    def apply(
+        self,
+        tenant: str,
+        add: Iterable[str],
+        remove: Iterable[str],
+        at: dict[str, int] | None = None,
+    ) -> None:
+        """Raises MeshProtocolError for a filter that is not one. ``at``: when filters of a
+        link's whole set were subscribed (kept while it is told)."""
         if self.incoming is not None:
             self.incoming.apply(tenant, add, remove)
+            if at:
+                self.incoming.at.update({(tenant, f): ts for f, ts in at.items()})
             return
         trie = self.tenants.get(tenant)
         if trie is None:
@@ -837,6 +909,32 @@ class PeerRoutes:
         return found
 
 
+class CatchUp:
+    """Filters a peer subscribed while its link to this origin was down (told when the link
+    came up, with when each was subscribed, and the highest seq of this origin it had): what
+    this node's journal holds after that seq that they match and that was published since goes
+    to the peer as if the link had been up: merged into its Unacked, in seq order."""
+
+    def __init__(self, seen: int, new: dict[tuple[str, str], int]) -> None:
+        self.seen = seen
+        self.tries: dict[str, TopicTrie[str, int]] = {}
+        for (tenant, topic_filter), since in new.items():
+            trie = self.tries.get(tenant)
+            if trie is None:
+                trie = self.tries[tenant] = TopicTrie()
+            trie.add(topic_filter, topic_filter, since)
+
+    def wants(self, message: Message) -> bool:
+        """Whether the peer is due ``message`` (a record of this node's journal after
+        ``seen``) by its new filters alone (a retained one went to it anyway)."""
+        if not message.qos or message.retain or message.seq <= self.seen:
+            return False
+        trie = self.tries.get(message.tenant)
+        if trie is None or reach(message.tenant, message.topic) != FILTERS:
+            return False
+        return any(since <= message.ts_us for _, since in trie.match(message.topic))
+
+
 class Unacked:
     """QoS 1/2 frames sent (or waiting) to one peer until it acknowledges them, by seq; at
     most ``limit`` frames and ``limit_bytes`` bytes (beyond, the oldest are given up)."""
@@ -856,6 +954,18 @@ class Unacked:
             _, oldest = frames.popitem(last=False)
             self.bytes -= len(oldest)
             self.dropped += 1
+
+    def merge(self, frames: dict[int, bytes]) -> None:
+        """Frames of seqs below some held already (a rescan of the journal: :class:`CatchUp`):
+        added, and the whole kept in seq order (the receiver's Dedup drops a lower seq sent
+        after a higher one)."""
+        if not frames:
+            return
+        merged = sorted([*self.frames.items(), *frames.items()])
+        self.frames = OrderedDict()
+        self.bytes = 0
+        for seq, data in merged:
+            self.add(seq, data)
 
     def ack(self, seqs: Iterable[int]) -> None:
         for seq in seqs:
@@ -899,6 +1009,12 @@ class Dedup:
 
     def restore(self, delivered: dict[str, int]) -> None:
         self.last = dict(delivered)
+
+    def delivered(self, origin: str, seq: int) -> None:
+        """``seq`` of ``origin`` was delivered here (a session log record at restore:
+        broker_edge.receipts)."""
+        if seq > self.last.get(origin, 0):
+            self.last[origin] = seq
 
     def origin_at(self, origin: str, durable_seq: int) -> bool:
         """``origin`` says its journal's newest durable seq (WELCOME): if this delivered a
@@ -1050,6 +1166,10 @@ def _nothing() -> None:
     pass
 
 
+def _zero() -> int:
+    return 0
+
+
 __all__ = [
     "ACK",
     "AUTH",
@@ -1067,6 +1187,7 @@ __all__ = [
     "TAKEN",
     "WELCOME",
     "AckGate",
+    "CatchUp",
     "Dedup",
     "FrameBuffer",
     "Interest",

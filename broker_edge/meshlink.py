@@ -24,8 +24,9 @@ import json
 import logging
 import random
 import typing
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Container
+from pathlib import Path
 from typing import Any
 
 from broker_edge import handover, mesh
@@ -44,12 +45,13 @@ from broker_edge.mesh import (
     Unacked,
 )
 from broker_edge.meshgroups import Share, ShareChoice
-from broker_edge.message import Message
+from broker_edge.message import Message, message_from_row
 from broker_edge.packets import QoS
 from broker_edge.session import Session
 from broker_edge.settings import EdgeSettings
 from broker_edge.tenants import OPERATOR_TENANT
 from broker_edge.topics import parse_subscription_filter
+from ingest.journal import JournalReader
 
 if typing.TYPE_CHECKING:
     from broker_edge.broker import Broker
@@ -63,6 +65,10 @@ BACKOFF_MAX = 10.0
 # Each end of an admitted link sends a PING this often (seconds) and closes a link it heard
 # nothing on for three times as long (a peer gone without a FIN: its host died, a cable).
 LINK_KEEPALIVE = 5.0
+
+# How long an accepted link's frames wait for the dialer's whole set of filters (Mesh._catch_up)
+# at most: a dialer sends it at once, but one that never does must not stop the link.
+SYNC_WAIT = 5.0
 
 # A link's states as $SYS shows them.
 CONNECTING, UP, DOWN, REFUSED = "connecting", "up", "down", "refused"
@@ -86,6 +92,10 @@ class Link(asyncio.Protocol):
         self.proven: str | None = None
         self.up = False
         self.out: list[bytes] = []
+        # Accepted, until the dialer's whole set of filters is here and what it missed is
+        # merged into its Unacked (Mesh._catch_up): what goes to it waits here, in order.
+        self.held: list[bytes] | None = None
+        self.told = False  # accepted: the dialer's whole set of filters is here (SYNCED)
         self.acks: list[int] = []
         self.sessions = Assembly()  # dialed: the SESSION frames of an answer being read
         self._loop = asyncio.get_running_loop()
@@ -114,7 +124,7 @@ class Link(asyncio.Protocol):
             self.close()
             return
         if self.up:
-            self.send(mesh.PING_FRAME)
+            self.send_now(mesh.PING_FRAME)
         delay = LINK_KEEPALIVE if self.up else self.opened + self.mesh.connect_timeout - now
         self._timer = self._loop.call_later(max(delay, 0.01), self._tick)
 
@@ -159,10 +169,22 @@ class Link(asyncio.Protocol):
             self.closed.set_result(None)
 
     def send(self, data: bytes) -> None:
+        if self.held is not None:
+            self.held.append(data)
+            return
+        self.send_now(data)
+
+    def send_now(self, data: bytes) -> None:
+        """Send ``data`` even while the link's frames are held (a WELCOME, a PING)."""
         if not self.out:
             self.mesh.dirty.add(self)
             self.mesh.want_flush()
         self.out.append(data)
+
+    def release(self) -> list[bytes]:
+        """Stop holding the link's frames; returns those held."""
+        held, self.held = self.held or [], None
+        return held
 
     def write_out(self) -> None:
         if self.out and self.transport is not None and not self.transport.is_closing():
@@ -197,6 +219,13 @@ class Mesh:
         self.durable_seq: Callable[[], int] = _zero
         self.interest = Interest()
         self.interest.on_change = self.want_flush
+        self.interest.clock = broker.wall_clock_us
+        self.journal_dir = settings.journal_root / settings.node_id
+        # Journal rescans for peers' filters subscribed while their link was down, per peer
+        # (Mesh._catch_up): its link's frames are held until none is running.
+        self.catching: dict[str, int] = {}
+        self.caught_up = 0  # QoS 1/2 messages a rescan found for such filters
+        self._rescans: set[asyncio.Task[None]] = set()
         # By peer node, on the origin's side: what it wants, what it has not acknowledged.
         self.routes: dict[str, PeerRoutes] = {}
         self.unacked: dict[str, Unacked] = {}
@@ -363,7 +392,7 @@ class Mesh:
                 )
             for data in self.interest.snapshot():
                 link.send(data)
-            link.send(mesh.SYNCED_FRAME)
+            link.send(mesh.synced(self.dedup.last.get(node, 0)))
             self._reclaim(node)
             log.info("link out to %s (%s) up", node, link.address)
             self._log("link_up", node, link.address, "out")
@@ -436,15 +465,21 @@ class Mesh:
         elif kind == mesh.INTEREST:
             change = mesh.parse_interest(body)
             routes = self.routes[node]
-            routes.apply(change.tenant, change.add, change.remove)
+            routes.apply(change.tenant, change.add, change.remove, change.at)
             routes.apply_shares(change.tenant, change.shares, change.unshared)
             self.filters_changed = True
             # Durable before any publish read after it is acknowledged (broker_edge.mesh:
             # "Restarts"): an origin killed before its next snapshot still knows the filter.
             self.broker.log_peer_change(node, mesh.interest_doc(change))
         elif kind == mesh.SYNCED:
-            self.routes[node].end()
+            seen = mesh.parse_synced(body)
+            new = self.routes[node].end()
             self.filters_changed = True
+            if link.told:  # too late (_sync_overdue): what was sent is not sent again
+                log.warning("link in from %s: its filters came after %g s", node, SYNC_WAIT)
+                return
+            link.told = True
+            self._catch_up(link, node, new, seen)
         elif kind == mesh.ACK:
             self.unacked[node].ack(mesh.parse_ack(body))
             self.tell_acked()
@@ -488,10 +523,12 @@ class Mesh:
         self.inbound[hello.node] = link
         # The peer sends all it wants next; what it wanted before routes until that is here.
         self.routes.setdefault(hello.node, PeerRoutes()).begin()
-        unacked = self.unacked.setdefault(hello.node, Unacked())
+        self.unacked.setdefault(hello.node, Unacked())
         link.send(mesh.welcome(self.node_id, self.durable_seq()))
-        for data in unacked.frames.values():  # in seq order, before anything new
-            link.send(data)
+        # What it had not acknowledged goes first once its filters are here (_catch_up): what
+        # it subscribed to while away may add older seqs.
+        link.held = []
+        asyncio.get_running_loop().call_later(SYNC_WAIT, self._sync_overdue, link)
         self._send_retained(link, hello.node)
         self._reclaim(hello.node)
         self.inbound_states[hello.node] = UP
@@ -604,9 +641,89 @@ class Mesh:
         for node, data in frames.items():
             self.unacked[node].add(seq, data)
             link = self.inbound.get(node)
-            if link is not None:
+            if link is not None and link.held is None:  # held: it goes with its Unacked
                 link.send(data)
                 self.forwarded += 1
+
+    # -- filters a peer subscribed while its link was down (broker_edge.mesh.CatchUp) ----------
+
+    def _catch_up(
+        self, link: Link, node: str, new: dict[tuple[str, str], int], seen: int | None
+    ) -> None:
+        """The dialer's whole set of filters is here: what this journal holds for the filters
+        it had not told before (subscribed while the link was down) goes into its Unacked, in
+        seq order, before the link's frames are released."""
+        journal = self.broker.journal
+        upto = journal.appended_seq  # later publishes were routed by the new filters
+        if not new or seen is None or upto <= seen:
+            self._release(node)
+            return
+        catch_up = mesh.CatchUp(seen, new)
+        self.catching[node] = self.catching.get(node, 0) + 1
+
+        def read() -> None:
+            task = asyncio.get_running_loop().create_task(self._rescan(node, catch_up, upto))
+            self._rescans.add(task)  # referenced while it runs
+            task.add_done_callback(self._rescans.discard)
+
+        def refused() -> None:  # the journal failed: what it holds up to upto is not known
+            log.warning("link in from %s: journal failed, not rescanned for new filters", node)
+            self._caught_up(node)
+
+        journal.after_durable(upto, read, refused)
+
+    async def _rescan(self, node: str, catch_up: mesh.CatchUp, upto: int) -> None:
+        try:
+            matched = await asyncio.get_running_loop().run_in_executor(
+                None, _matching, self.journal_dir, self.node_id, catch_up, upto
+            )
+            unacked = self.unacked[node]
+            found = {seq: data for seq, data in matched.items() if seq not in unacked.frames}
+            unacked.merge(found)
+            self.caught_up += len(found)
+            log.info(
+                "link in from %s: %d message(s) of seqs %d..%d for filters subscribed while "
+                "the link was down",
+                node,
+                len(found),
+                catch_up.seen + 1,
+                upto,
+            )
+        except Exception:
+            log.exception("link in from %s: journal rescan for new filters failed", node)
+        finally:
+            self._caught_up(node)
+
+    def _sync_overdue(self, link: Link) -> None:
+        """The dialer's whole set of filters did not come in time: the link's frames go now,
+        and no rescan follows for it."""
+        if link.told or link.node is None:
+            return
+        log.warning("link in from %s: no whole set of filters after %g s", link.node, SYNC_WAIT)
+        link.told = True
+        self._release(link.node)
+
+    def _caught_up(self, node: str) -> None:
+        left = self.catching[node] - 1
+        if left:
+            self.catching[node] = left
+        else:
+            del self.catching[node]
+        self._release(node)
+
+    def _release(self, node: str) -> None:
+        """Send ``node``'s link what it had not acknowledged (in seq order), then what waited
+        there, once no rescan for it runs."""
+        link = self.inbound.get(node)
+        if link is None or link.held is None or not link.told or node in self.catching:
+            return
+        held = link.release()
+        for data in self.unacked[node].frames.values():
+            link.send(data)
+        for data in held:
+            link.send(data)
+        self.tell_acked()
+        self.want_flush()
 
     def tell_acked(self) -> None:
         """Tell the journal what each peer acknowledged: retention keeps every record after
@@ -855,6 +972,7 @@ class Mesh:
             ("publish/received", str(self.received)),
             ("publish/duplicates", str(self.dedup.dropped)),
             ("publish/replayed", str(self.replayed)),
+            ("publish/caught_up", str(self.caught_up)),
             ("publish/congested", str(self.congested)),
             ("publish/unacked", str(sum(len(u) for u in self.unacked.values()))),
             ("publish/unacked_dropped", str(sum(u.dropped for u in self.unacked.values()))),
@@ -896,6 +1014,28 @@ class Mesh:
         details = {"peer": node, "address": address, "direction": direction, **more}
         self.broker.log(OPERATOR_TENANT, event, "", details, origin="mesh")
         self.broker.flush_dirty()
+
+
+def _matching(directory: Path, node: str, catch_up: mesh.CatchUp, upto: int) -> dict[int, bytes]:
+    """The PUBLISH frames of the journal records after ``catch_up.seen`` up to ``upto`` that
+    ``catch_up`` wants, by seq (on an executor thread; the newest MAX_UNACKED at most, as
+    Unacked keeps; records retention removed are gone)."""
+    reader = JournalReader(directory)
+    after = catch_up.seen
+    oldest = reader.first_seq()
+    if oldest is not None and after + 1 < oldest:
+        log.warning("journal records %d..%d were removed: not rescanned", after + 1, oldest - 1)
+        after = oldest - 1
+    found: OrderedDict[int, bytes] = OrderedDict()
+    if upto <= after:
+        return found
+    for row in reader.read_records(after, upto):
+        message = message_from_row(row, node)
+        if catch_up.wants(message):
+            found[message.seq] = mesh.publish_frame(message)
+            if len(found) > mesh.MAX_UNACKED:
+                found.popitem(last=False)
+    return found
 
 
 def _frames(message: Message, nodes: list[str], given: dict[str, list[Share]]) -> dict[str, bytes]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from broker_edge.packets import NO_PROPERTIES, Properties, QoS
 
 
@@ -67,3 +69,24 @@ class Message:
             f"Message({self.tenant!r}, {self.topic!r}, {len(self.payload)} B, qos={int(self.qos)},"
             f" retain={self.retain}, seq={self.seq})"
         )
+
+
+def message_from_row(row: dict[str, Any], node: str) -> Message:
+    """A journal record of ``node`` (JOURNAL_SCHEMA row, ``ts`` in microseconds) back into a
+    Message."""
+    props = NO_PROPERTIES
+    user_properties = tuple((p["key"], p["value"]) for p in row["user_properties"] or ())
+    if row["content_type"] is not None or user_properties:
+        props = Properties(content_type=row["content_type"], user_properties=user_properties)
+    return Message(
+        row["tenant"],
+        row["topic"],
+        row["payload"],
+        QoS(row["qos"]),
+        row["retain"],
+        row["client_id"],
+        row["ts"],  # microseconds since the epoch (JournalReader.read_records)
+        props,
+        row["seq"],
+        node,
+    )

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from broker_edge import sessionlog, store
+from broker_edge import receipts, sessionlog, store
 from broker_edge.broker import Broker
 from broker_edge.durability import GroupCommitter, JournalStatus
 from broker_edge.errors import ConfigError
@@ -28,9 +28,9 @@ from broker_edge.listener import MqttProtocol
 from broker_edge.localquota import until_midnight
 from broker_edge.mesh import MeshState
 from broker_edge.meshlink import Mesh
-from broker_edge.message import Message
+from broker_edge.message import message_from_row
 from broker_edge.metrics import Snapshot, exposition
-from broker_edge.packets import QoS, ReasonCode
+from broker_edge.packets import ReasonCode
 from broker_edge.refusals import RefusalLimiter
 from broker_edge.settings import EdgeSettings
 from broker_edge.sysstats import SysTree, installed_version, sample
@@ -355,7 +355,7 @@ class EdgeNode:
         start = _available(reader, start, after)
         if last_seq > start:
             for row in reader.read_records(start, last_seq):  # without pyarrow (issue 9)
-                message = _message_from_row(row, settings.node_id)
+                message = message_from_row(row, settings.node_id)
                 # Changes are logged after the snapshot: none comes before a record it holds.
                 while change is not None and change["seq"] < row["seq"]:
                     _apply_change(broker, mesh, change, now)
@@ -616,33 +616,17 @@ class EdgeNode:
         self._servers = []
 
 
-def _message_from_row(row: dict[str, Any], node: str) -> Message:
-    """A journal record of ``node`` (JOURNAL_SCHEMA row, ``ts`` in microseconds) back into a
-    Message."""
-    from broker_edge.packets import NO_PROPERTIES, Properties
-
-    props = NO_PROPERTIES
-    user_properties = tuple((p["key"], p["value"]) for p in row["user_properties"] or ())
-    if row["content_type"] is not None or user_properties:
-        props = Properties(content_type=row["content_type"], user_properties=user_properties)
-    return Message(
-        row["tenant"],
-        row["topic"],
-        row["payload"],
-        QoS(row["qos"]),
-        row["retain"],
-        row["client_id"],
-        row["ts"],  # microseconds since the epoch (JournalReader.read_records)
-        props,
-        row["seq"],
-        node,
-    )
-
-
 def _apply_change(broker: Broker, mesh: Mesh, change: dict[str, Any], now: float) -> None:
-    """One session log record at restore: a session's change, or a mesh peer's."""
-    if change["op"] == sessionlog.PEER:
+    """One session log record at restore: a session's change, a mesh peer's, or a crossing
+    message delivered here (broker_edge.receipts)."""
+    op = change["op"]
+    if op == sessionlog.PEER:
         mesh.restore_change(str(change["n"]), int(change["seq"]), change["i"])
+    elif op == receipts.RX:
+        mesh.dedup.delivered(str(change["o"]), int(change["q"]))
+        receipts.restore_received(broker.router, change)
+    elif op == receipts.RX_DONE:
+        receipts.restore_done(broker.router, change)
     else:
         broker.apply_session_record(change, now)
 

@@ -178,6 +178,24 @@ class Session:
             self._queue = None  # an idle session holds no empty deque
         return pending
 
+    def forget(self, origin: str, seq: int) -> bool:
+        """Take the message ``(origin, seq)`` out of the in-flight window or the queue (the
+        restore of a crossing message its subscriber finished, broker_edge.receipts)."""
+        for pid, out in self.inflight.items():
+            if out.message.seq == seq and out.message.origin == origin:
+                del self.inflight[pid]
+                return True
+        queue = self._queue
+        for i, pending in enumerate(queue or ()):
+            if pending.message.seq == seq and pending.message.origin == origin:
+                assert queue is not None
+                del queue[i]
+                self.queued_bytes -= len(pending.message.payload)
+                if not queue:
+                    self._queue = None
+                return True
+        return False
+
     def clear_queue(self) -> None:
         self._queue = None
         self.queued_bytes = 0

@@ -78,7 +78,7 @@ def encode(
         "session_log": session_log,
         "written_at_us": time.time_ns() // 1000,
         "sessions": [session_doc(s) for s in sessions],
-        "retained": [_message_doc(m) for m in retained],
+        "retained": [message_doc(m) for m in retained],
     }
     if mesh is not None:
         doc["mesh"] = mesh
@@ -133,7 +133,7 @@ def load(path: Path, *, max_queued: int, max_inflight: int, now: float) -> Snaps
         sessions = [
             session_from(d, max_queued, max_inflight, now - offline_for) for d in doc["sessions"]
         ]
-        retained = [_message_from(d) for d in doc["retained"]]
+        retained = [message_from(d) for d in doc["retained"]]
         return Snapshot(
             int(doc["journal_seq"]),
             sessions,
@@ -145,7 +145,8 @@ def load(path: Path, *, max_queued: int, max_inflight: int, now: float) -> Snaps
         raise StateStoreError(f"{path}: snapshot is corrupt: {exc!r}") from exc
 
 
-def _message_doc(m: Message) -> dict[str, Any]:
+def message_doc(m: Message) -> dict[str, Any]:
+    """One message as JSON (snapshots, the session log's crossing messages)."""
     p = m.properties
     doc: dict[str, Any] = {
         "tenant": m.tenant,
@@ -173,7 +174,8 @@ def _message_doc(m: Message) -> dict[str, Any]:
     return doc
 
 
-def _message_from(d: dict[str, Any]) -> Message:
+def message_from(d: dict[str, Any]) -> Message:
+    """The message of a :func:`message_doc`."""
     props = dict(d.get("properties") or {})
     if "correlation_data" in props:
         props["correlation_data"] = base64.b64decode(props["correlation_data"])
@@ -207,12 +209,12 @@ def session_doc(s: Session) -> dict[str, Any]:
                 "state": out.state.name.removeprefix("OUT_"),  # AWAIT_PUBACK ...
                 "qos": int(out.qos),
                 "retain": out.retain,
-                "message": _message_doc(out.message),
+                "message": message_doc(out.message),
             }
             for pid, out in s.inflight.items()
         ],
         "queue": [
-            {"qos": int(p.qos), "retain": p.retain, "message": _message_doc(p.message)}
+            {"qos": int(p.qos), "retain": p.retain, "message": message_doc(p.message)}
             for p in s.queue
         ],
         "awaiting_rel": sorted(s.awaiting_rel),
@@ -265,16 +267,13 @@ def session_from(d: dict[str, Any], max_queued: int, max_inflight: int, since: f
         session.since = (int(d["since"][0]), str(d["since"][1]))
     for out in d["inflight"]:
         session.inflight[int(out["packet_id"])] = Outbound(
-            _message_from(out["message"]),
+            message_from(out["message"]),
             QoS(out["qos"]),
             bool(out["retain"]),
             Flow["OUT_" + out["state"]],
         )
     session.restore(
-        (
-            Pending(_message_from(p["message"]), QoS(p["qos"]), bool(p["retain"]))
-            for p in d["queue"]
-        ),
+        (Pending(message_from(p["message"]), QoS(p["qos"]), bool(p["retain"])) for p in d["queue"]),
         (int(pid) for pid in d["awaiting_rel"]),
     )
     return session

@@ -1,10 +1,11 @@
-"""QoS 1 across the edge mesh survives a SIGKILL of either edge (issue 11): three real
+"""QoS 1 (and 2) across the edge mesh survives a SIGKILL of either edge (issue 11): three real
 ``edgebus edge`` processes meshed (tests.helpers.mesh_edges), a stock paho publisher streaming
 numbered QoS 1 messages on edge A and a paho subscriber with a persistent session on edge B.
 Whatever A acknowledged reaches the subscriber, and nothing reaches it twice."""
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import time
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from tests.helpers.edge_process import TENANT_TOKEN, EdgeProcess
-from tests.helpers.mesh_clients import SETTLE, settle
+from tests.helpers.mesh_clients import SETTLE, numbers_until_quiet, settle
 from tests.helpers.mesh_edges import meshed, sys_values, wait_inbound_up
 from tests.integration.conftest import Client, Received
 
@@ -23,6 +24,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 # How long the subscriber waits for the stream, and then for a copy too many.
 ARRIVAL = 45.0
 QUIET = 2.0
+# What a subscriber gets, as (number, DUP flag).
+Numbered = queue.Queue[tuple[int, bool]]
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +34,9 @@ def edges(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[EdgeProcess
         yield started
 
 
-def _connect(port: int, client_id: str, *, clean: bool) -> Client:
-    """A paho 3.1.1 client of tenant acme on the edge at ``port``, connected and looping."""
+def _connect(port: int, client_id: str, *, clean: bool, numbered: Numbered | None = None) -> Client:
+    """A paho 3.1.1 client of tenant acme on the edge at ``port``, connected and looping;
+    with ``numbered``, what it gets goes there as (number, DUP flag) from the start."""
     paho = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=clean)
     client = Client(paho)
     connected: queue.Queue[bool] = queue.Queue()
@@ -40,6 +44,8 @@ def _connect(port: int, client_id: str, *, clean: bool) -> Client:
     paho.on_message = lambda c, u, m: client.messages.put(
         Received(m.topic, m.payload, m.qos, bool(m.retain))
     )
+    if numbered is not None:
+        paho.on_message = lambda c, u, m: numbered.put((int(m.payload), bool(m.dup)))
     paho.on_disconnect = lambda c, u, flags, rc, props: client.disconnected.set()
     paho.username_pw_set(TENANT_TOKEN)
     # Few publishes in flight: a stream is still going when a test kills an edge right after
@@ -58,11 +64,12 @@ class Stream:
 
     client: Client
     topic: str
+    qos: int = 1
     sent: list[tuple[int, mqtt.MQTTMessageInfo]] = field(default_factory=list)
 
     def send(self, numbers: range) -> None:
         for number in numbers:
-            info = self.client.paho.publish(self.topic, str(number).encode(), qos=1)
+            info = self.client.paho.publish(self.topic, str(number).encode(), qos=self.qos)
             self.sent.append((number, info))
 
     def acked(self) -> set[int]:
@@ -108,20 +115,7 @@ def _subscriber(b: EdgeProcess, client_id: str, topic_filter: str, publisher: Cl
 
 def _arrivals(sub: Client, wanted: set[int]) -> list[int]:
     """The numbers ``sub`` gets until it has every one of ``wanted``, then until it is quiet."""
-    got: list[int] = []
-    deadline = time.monotonic() + ARRIVAL
-    while not wanted <= set(got):
-        remaining = deadline - time.monotonic()
-        assert remaining > 0, f"missing {sorted(wanted - set(got))[:20]}"
-        try:
-            got.append(int(sub.get(timeout=remaining).payload))
-        except queue.Empty:
-            continue
-    while True:
-        try:
-            got.append(int(sub.get(timeout=QUIET).payload))
-        except queue.Empty:
-            return got
+    return numbers_until_quiet(sub, wanted, ARRIVAL, QUIET)
 
 
 def _assert_once(got: list[int], acked: set[int], published: int) -> None:
@@ -210,4 +204,99 @@ def test_sigkill_of_the_receiver_mid_stream(edges: list[EdgeProcess]) -> None:
     back = _connect(b.mqtt_port, "kill-b-sub", clean=False)
     _assert_once(_arrivals(back, stream.acked()), set(range(400)), 400)
     back.close()
+    pub.close()
+
+
+def _numbered(client: Client) -> Numbered:
+    """What ``client`` gets from now on, as (number, DUP flag)."""
+    arrivals: Numbered = queue.Queue()
+    client.paho.on_message = lambda c, u, m: arrivals.put((int(m.payload), bool(m.dup)))
+    return arrivals
+
+
+def _until_quiet(arrivals: Numbered, wanted: set[int]) -> list[tuple[int, bool]]:
+    """What ``arrivals`` gets until it has every one of ``wanted``, then until it is quiet."""
+    got: list[tuple[int, bool]] = []
+    deadline = time.monotonic() + ARRIVAL
+    while not wanted <= {n for n, _ in got}:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"missing {sorted(wanted - {n for n, _ in got})[:20]}"
+        with contextlib.suppress(queue.Empty):
+            got.append(arrivals.get(timeout=remaining))
+    with contextlib.suppress(queue.Empty):
+        while True:
+            got.append(arrivals.get(timeout=QUIET))
+    return got
+
+
+def _killed_while_delivering(
+    b: EdgeProcess, sub: Client, got: Numbered, stream: Stream, total: int
+) -> list[tuple[int, bool]]:
+    """``stream`` sends ``total`` numbers through B to ``sub``; B is SIGKILLed once ``sub`` has
+    a fifth of them (B in the middle of delivering the rest). What ``sub`` got by then."""
+    stream.send(range(total))
+    first: list[tuple[int, bool]] = []
+    while len(first) < total // 5:
+        first.append(got.get(timeout=ARRIVAL))
+    b.kill()
+    assert sub.disconnected.wait(SETTLE)
+    stream.wait_acked(total)
+    return first
+
+
+def test_sigkill_of_the_receiver_with_its_subscriber_online(edges: list[EdgeProcess]) -> None:
+    """B delivers A's stream to an online persistent session and dies in the middle of it:
+    what B delivered before a snapshot held it was in its session log first, so the restarted B
+    drops A's copies sent again (by origin and seq). The subscriber gets every message; a
+    message twice only as the MQTT redelivery of one whose PUBACK B had not made durable (DUP=1,
+    at most B's in-flight window: see broker_edge.receipts)."""
+    a, b, _ = edges
+    pub = _connect(a.mqtt_port, "online-pub", clean=True)
+    sub = _subscriber(b, "online-sub", "online/#", pub)
+    got = _numbered(sub)
+    total = 1000  # below edge.max_queued_messages: B queues what A sends while it is away
+    first = _killed_while_delivering(b, sub, got, Stream(pub, "online/x"), total)
+    sub.paho.loop_stop()
+    while not got.empty():
+        first.append(got.get())
+    assert len(first) < total  # killed in the middle of it
+    _restart(b, a)
+    again: Numbered = queue.Queue()  # B sends what it put back in flight at once
+    back = _connect(b.mqtt_port, "online-sub", clean=False, numbered=again)
+    arrivals = first + _until_quiet(again, set(range(total)) - {n for n, _ in first})
+    numbers = [n for n, _ in arrivals]
+    assert set(numbers) == set(range(total)), f"missing {sorted(set(range(total)) - set(numbers))}"
+    seen: set[int] = set()
+    second = []
+    for number, dup in arrivals:
+        if number in seen:
+            second.append((number, dup))
+        seen.add(number)
+    assert all(dup for _, dup in second), f"delivered again as new: {second[:20]}"
+    assert len(second) <= 100  # edge.max_inflight_messages: what B had sent and not had acked
+    assert _sys(b, "duplicates") > 0  # A's copies sent again, dropped by the restarted B
+    back.close()
+    pub.close()
+
+
+def test_sigkill_of_the_receiver_with_its_qos2_subscriber_online(edges: list[EdgeProcess]) -> None:
+    """As above at QoS 2, the subscriber a paho client that keeps its session state (the QoS 2
+    packet ids not yet released) and reconnects to the restarted B by itself: B sends again
+    only what it had not had received, and a PUBREL only for what it had: every message once."""
+    a, b, _ = edges
+    pub = _connect(a.mqtt_port, "online2-pub", clean=True)
+    sub = _connect(b.mqtt_port, "online2-sub", clean=False)
+    sub.subscribe("online2/#", qos=2)
+    settle(pub.paho, [sub], "online2/probe")
+    got = _numbered(sub)
+    total = 600  # below edge.max_queued_messages: B queues what A sends while it is away
+    first = _killed_while_delivering(b, sub, got, Stream(pub, "online2/x", qos=2), total)
+    _restart(b, a)  # the subscriber's paho reconnects on its own, with its session state
+    arrivals = first + _until_quiet(got, set(range(total)) - {n for n, _ in first})
+    numbers = [n for n, _ in arrivals]
+    twice = sorted({n for n in numbers if numbers.count(n) > 1})
+    assert not twice, f"delivered twice: {twice[:20]}"
+    assert sorted(numbers) == list(range(total))
+    assert _sys(b, "duplicates") > 0  # A's copies sent again, dropped by the restarted B
+    sub.close()
     pub.close()

@@ -32,3 +32,24 @@ def settle(publisher: Any, subscribers: list[Any], topic: str) -> None:
             except queue.Empty:
                 break
             assert got.payload == b"probe", got
+
+
+def numbers_until_quiet(
+    sub: Any, wanted: set[int], timeout: float = SETTLE, quiet: float = 2.0
+) -> list[int]:
+    """The numbered payloads ``sub`` gets until it has every one of ``wanted`` (within
+    ``timeout``), then until it is quiet for ``quiet`` seconds."""
+    got: list[int] = []
+    deadline = time.monotonic() + timeout
+    while not wanted <= set(got):
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"missing {sorted(wanted - set(got))[:20]}"
+        try:
+            got.append(int(sub.get(timeout=remaining).payload))
+        except queue.Empty:
+            continue
+    while True:
+        try:
+            got.append(int(sub.get(timeout=quiet).payload))
+        except queue.Empty:
+            return got

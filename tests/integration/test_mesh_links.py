@@ -138,7 +138,7 @@ def test_publishes_before_a_new_links_filters_are_all_there_still_cross(
 
     held = _mesh(b).interest.snapshot
     b.call(lambda: setattr(_mesh(b).interest, "snapshot", list))  # tells nothing
-    monkeypatch.setattr(mesh, "SYNCED_FRAME", mesh.PING_FRAME)  # and never ends the set
+    monkeypatch.setattr(mesh, "synced", lambda seen: mesh.PING_FRAME)  # never ends the set
     _break_link(b)
     _until(b, lambda: _mesh(b).states[f"127.0.0.1:{a.port}"] == "up")
     _until(a, lambda: _mesh(a).routes["b"].incoming is not None)

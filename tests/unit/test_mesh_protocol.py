@@ -277,7 +277,11 @@ def test_a_new_links_set_replaces_the_filters_only_once_it_is_all_there() -> Non
     routes.apply("acme", ["other/#"], [])
     routes.end()
     assert routes.filters() == {"acme": ["other/#"]}
-    assert [kind for kind, _ in FrameBuffer(64).feed(mesh.SYNCED_FRAME)] == [mesh.SYNCED]
+    [(kind, body)] = FrameBuffer(64).feed(mesh.synced(17))
+    assert (kind, mesh.parse_synced(body)) == (mesh.SYNCED, 17)
+    assert mesh.parse_synced(b"") is None  # names no seq: no rescan
+    with pytest.raises(MeshProtocolError):
+        mesh.parse_synced(b'{"seen": -1}')
 
 
 def test_what_crosses() -> None:
@@ -441,3 +445,50 @@ def test_a_bad_filter_in_a_mesh_state_is_an_error() -> None:
         MeshState.of({"peers": {"b": {"acked": 1, "filters": {"acme": ["a/#/b"]}}}}).peers[
             "b"
         ].routes()
+
+
+def test_a_new_links_set_tells_when_each_filter_was_subscribed() -> None:
+    interest = Interest()
+    interest.clock = iter([100, 200]).__next__
+    interest.add("acme", "old/#")
+    interest.add("acme", "new/#")
+    [(_, body)] = FrameBuffer(4096).feed(b"".join(interest.snapshot()))
+    change = mesh.parse_interest(body)
+    assert change.at == {"old/#": 100, "new/#": 200}
+    assert all(b'"at"' not in data for data in interest.take_changes())  # changes: not timed
+    routes = PeerRoutes()
+    routes.apply("acme", ["old/#"], [])
+    routes.begin()
+    routes.apply(change.tenant, change.add, change.remove, change.at)
+    assert routes.end() == {("acme", "new/#"): 200}  # the origin did not hold it before
+    with pytest.raises(MeshProtocolError):
+        mesh.parse_interest(b'{"t": "acme", "add": ["a/#"], "del": [], "at": {"b/#": 1}}')
+
+
+def test_catch_up_takes_what_new_filters_match_since_they_were_subscribed() -> None:
+    catch_up = mesh.CatchUp(10, {("acme", "new/#"): 1_000, ("acme", "late/#"): 5_000})
+
+    def wanted(**kwargs: object) -> bool:
+        fields: dict[str, object] = {"topic": "new/x", "retain": False, "seq": 11, "ts_us": 2_000}
+        fields.update(kwargs)
+        return catch_up.wants(_message(**fields))
+
+    assert wanted()
+    assert not wanted(seq=10)  # the peer had it (or it was before its subscription)
+    assert not wanted(ts_us=999)  # published before the filter was subscribed
+    assert not wanted(topic="late/x")  # ... this one
+    assert wanted(topic="late/x", ts_us=5_000)
+    assert not wanted(qos=QoS.AT_MOST_ONCE)  # never sent again, as if the link had been up
+    assert not wanted(retain=True)  # a retained message went to every peer
+    assert not wanted(topic="other/x")
+    assert not wanted(tenant="globex")
+
+
+def test_unacked_merges_older_seqs_in_seq_order() -> None:
+    unacked = Unacked(limit=3)
+    unacked.add(5, b"five")
+    unacked.add(9, b"nine")
+    unacked.merge({2: b"two", 7: b"seven"})
+    assert list(unacked.frames) == [5, 7, 9]  # over the bound: the oldest given up
+    assert unacked.dropped == 1
+    assert unacked.bytes == len(b"fivesevennine")
