@@ -787,9 +787,17 @@ class Broker:
 
     # -- publish ---------------------------------------------------------------------------------
 
-    def accept(self, tenant: str, client_id: str, packet: Publish, publisher: str | None) -> int:
+    def accept(
+        self,
+        tenant: str,
+        client_id: str,
+        packet: Publish,
+        publisher: str | None,
+        version: int = 0,
+    ) -> int:
         """Journal, retain and route one publish; returns its journal seq. ``publisher``: the
-        client id when a client published it (No Local), None when the edge did."""
+        client id when a client published it (No Local), None when the edge did; ``version``:
+        the protocol version of the packet's ``wire`` bytes, if it has them."""
         # The per-publish hot path: keep it flat (no helper calls that a branch can avoid).
         props = packet.properties
         if props is not NO_PROPERTIES and (
@@ -820,6 +828,11 @@ class Broker:
         message = Message(
             tenant, topic, packet.payload, qos, retain, client_id, ts_us, props, seq, self.node_id
         )
+        wire = packet.wire
+        if wire is not None:
+            # The publisher's own bytes are its QoS 0 subscribers' delivery (Message.enc).
+            message.enc_key = version * 2
+            message.enc = wire
         shares = None
         if self.mesh is not None:
             # First: what this publish sets off (a log event of a queue overflowing, a quota

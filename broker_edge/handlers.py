@@ -168,7 +168,7 @@ def handle_publish(broker: Broker, conn: Connection, packet: Publish, now: float
     usage = conn.usage
     usage.messages_in += 1
     usage.bytes_in += size
-    seq = broker.accept(conn.tenant, conn.client_id, packet, conn.client_id)
+    seq = broker.accept(conn.tenant, conn.client_id, packet, conn.client_id, conn.version)
     if usage.messages_in >= usage.stop_messages_in or usage.bytes_in >= usage.stop_bytes_in:
         # The local quota: this publish brought the tenant's day to a limit; the next ones
         # are refused like under a blocked decision (broker_edge.localquota).

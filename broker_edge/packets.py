@@ -6,7 +6,7 @@ MQTT 5.0 (reason codes on acks, properties) have defaults that encode to nothing
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 
 
@@ -187,6 +187,11 @@ class Publish:
     dup: bool = False
     packet_id: int | None = None  # present iff qos > 0 [MQTT-2.3.1-5]
     properties: Properties = NO_PROPERTIES
+    # The packet as the decoder read it, when it is byte for byte the PUBLISH a QoS 0
+    # subscriber of the same protocol version gets (QoS 0, no RETAIN, no properties): the
+    # broker forwards it as is instead of encoding it again. Not an argument of __init__, so
+    # dataclasses.replace, which may change what the bytes say, never copies it.
+    wire: bytes | None = field(default=None, init=False, compare=False, repr=False)
     packet_type = PacketType.PUBLISH
 
 

@@ -172,6 +172,28 @@ def test_qos0_is_journaled_and_routed(broker, journal):
     assert (msg.topic, msg.payload, msg.qos) == ("a/b", b"hello", QoS.AT_MOST_ONCE)
 
 
+@pytest.mark.parametrize(
+    "pub_version", [ProtocolVersion.MQTT_3_1, ProtocolVersion.MQTT_3_1_1, ProtocolVersion.MQTT_5]
+)
+def test_a_qos0_publish_reaches_subscribers_of_every_version_as_their_own_packet(
+    broker, pub_version
+):
+    # The publisher's bytes go out as they came to its own version's subscribers
+    # (Publish.wire); the others get the packet encoded for theirs.
+    subs = {}
+    for version in (ProtocolVersion.MQTT_3_1_1, ProtocolVersion.MQTT_5):
+        sub = subs[version] = connected(broker, f"sub-{version}", version)
+        sub.send(Subscribe(packet_id=1, subscriptions=(Subscription("a/#"),)))
+        sub.replies()
+    pub = connected(broker, "pub", pub_version)
+    sent = [Publish(topic="a/b", payload=b"x" * 200), Publish(topic="a", payload=b"")]
+    pub.send(sent[0])
+    pub.send(sent[1])
+    for version, sub in subs.items():
+        assert b"".join(sub.wire) == b"".join(encode(p, version) for p in sent)
+        assert sub.replies() == sent
+
+
 def test_packet_before_connect_closes(broker):
     peer = Peer(broker, ProtocolVersion.MQTT_3_1_1)
     peer.decoder = Decoder(protocol_version=ProtocolVersion.MQTT_3_1_1)
