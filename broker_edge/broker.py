@@ -90,6 +90,7 @@ __all__ = ["SCAN_INTERVAL", "SESSION_NEVER_EXPIRES", "Broker", "Journal", "Stats
 # Python 3.11 (see connection.py).
 _QOS0 = QoS.AT_MOST_ONCE
 _CLOSED = ConnState.CLOSED
+_V5 = ProtocolVersion.MQTT_5
 
 # How often tick() scans every connection (keepalive, CONNECT timeout) and every session
 # (expiry): their deadlines are met within this.
@@ -829,8 +830,12 @@ class Broker:
             tenant, topic, packet.payload, qos, retain, client_id, ts_us, props, seq, self.node_id
         )
         wire = packet.wire
-        if wire is not None:
-            # The publisher's own bytes are its QoS 0 subscribers' delivery (Message.enc).
+        if wire is None:
+            pass
+        elif qos:  # the publisher's own bytes with a packet id of each subscriber's
+            at = len(wire) - len(packet.payload) - (3 if version == _V5 else 2)
+            message.wire = (version, at, wire)
+        else:  # the publisher's own bytes are its QoS 0 subscribers' delivery (Message.enc)
             message.enc_key = version * 2
             message.enc = wire
         shares = None

@@ -584,10 +584,10 @@ def _decode_publish(first: int, buf: bytes, pos: int, end: int, v5: bool, head: 
         packet_id,
         properties,
     )
-    if first == 0x30 and properties is NO_PROPERTIES:
-        # A whole fixed header (flag bits alone are below 0x10) of QoS 0, no DUP, no RETAIN:
-        # what encode_publish makes of it for this protocol version (next_packet's fast path
-        # took only a minimal remaining length).
+    if first & 0xF9 == 0x30 and properties is NO_PROPERTIES:
+        # A whole fixed header (flag bits alone are below 0x10) without DUP or RETAIN: what
+        # encode_publish makes of it for this protocol version, but for the packet id
+        # (next_packet's fast path took only a minimal remaining length).
         packet.wire = buf[head:end]
     return packet
 

@@ -333,22 +333,24 @@ def test_round_trip_in_random_chunks(
 
 @SETTINGS
 @given(versioned_packets(), st.data())
-def test_a_publishs_wire_is_its_qos0_delivery(
+def test_a_publishs_wire_is_its_delivery_but_for_the_packet_id(
     case: tuple[ProtocolVersion, list[Packet]], data: st.DataObject
 ) -> None:
-    """``Publish.wire`` (the bytes a QoS 0 subscriber of the same version gets as they came) is
-    what the encoder makes of that delivery; a whole buffer sets it on every publish it can."""
+    """``Publish.wire`` (the bytes a subscriber of the same version and QoS gets as they came,
+    but for the packet id) is what the encoder makes of that delivery; a whole buffer sets it
+    on every publish it can."""
     version, packets = case
     wire = b"".join(encode(packet, version) for packet in packets)
     for whole, chunks in ((True, [wire]), (False, chunked(data, wire))):
         for packet in decode_all(chunks, version):
             if not isinstance(packet, Publish):
                 continue
-            plain = not packet.qos and not packet.retain and packet.properties == NO_PROPERTIES
+            plain = not packet.dup and not packet.retain and packet.properties == NO_PROPERTIES
             if packet.wire is not None:
                 assert plain
+                pid = packet.packet_id
                 delivery = encode_publish(
-                    packet.topic, packet.payload, 0, False, False, None, version
+                    packet.topic, packet.payload, packet.qos, False, False, pid, version
                 )
                 assert packet.wire == delivery
             else:
