@@ -346,7 +346,7 @@ class Router:
             ns = self.namespace(tenant)
         if message.retain and retain:
             ns.retained.set(message)
-        matches = ns.subscriptions.match(message.topic)
+        matches = ns.subscriptions.matches(message.topic)
         if not matches:
             return None
         sessions = self.sessions
