@@ -93,6 +93,11 @@ _RETAIN_HANDLING: Final = (
     RetainHandling.DO_NOT_SEND,
 )
 _V5: Final = 5  # compared with ==, so a plain int level works as well as the enum
+# Per first byte: a PUBLISH whose flags _check_first_byte accepts (QoS 0-2, DUP only with QoS
+# 1/2), looked up by the decoder's fast path in one step.
+_VALID_PUBLISH_FIRST: Final = tuple(
+    b >> 4 == 3 and b & 0x06 != 0x06 and b & 0x0E != 0x08 for b in range(256)
+)
 _CONNECT: Final = 1
 _PUBLISH: Final = 3
 _AUTH: Final = 15
@@ -861,12 +866,7 @@ class Decoder:
             if stop <= end and stop - pos <= self.max_packet_size:
                 version = self.protocol_version
                 # A valid PUBLISH on an established connection skips the header checks.
-                if (
-                    first & 0xF0 == 0x30
-                    and first & 0x06 != 0x06
-                    and first & 0x0E != 0x08
-                    and version
-                ):
+                if _VALID_PUBLISH_FIRST[first] and version:
                     self._pos = stop
                     self.decoded += 1
                     return _decode_publish(first, data, start, stop, version == _V5, pos)

@@ -328,11 +328,10 @@ class Router:
 
     # -- messages ------------------------------------------------------------------------------
 
-    def route(
+    def route(  # positional or by name: the broker routes positionally, once per publish
         self,
         message: Message,
         publisher: str | None,
-        *,
         retain: bool = True,
         shares: Container[Share] | None = None,
     ) -> list[Delivery] | None:
