@@ -91,6 +91,7 @@ __all__ = ["SCAN_INTERVAL", "SESSION_NEVER_EXPIRES", "Broker", "Journal", "Stats
 # Python 3.11 (see connection.py).
 _QOS0 = QoS.AT_MOST_ONCE
 _CLOSED = ConnState.CLOSED
+_V5 = ProtocolVersion.MQTT_5
 
 # How often tick() scans every connection (keepalive, CONNECT timeout) and every session
 # (expiry): their deadlines are met within this.
@@ -788,9 +789,17 @@ class Broker:
 
     # -- publish ---------------------------------------------------------------------------------
 
-    def accept(self, tenant: str, client_id: str, packet: Publish, publisher: str | None) -> int:
+    def accept(
+        self,
+        tenant: str,
+        client_id: str,
+        packet: Publish,
+        publisher: str | None,
+        version: int = 0,
+    ) -> int:
         """Journal, retain and route one publish; returns its journal seq. ``publisher``: the
-        client id when a client published it (No Local), None when the edge did."""
+        client id when a client published it (No Local), None when the edge did; ``version``:
+        the protocol version of the packet's ``wire`` bytes, if it has them."""
         # The per-publish hot path: keep it flat (no helper calls that a branch can avoid).
         props = packet.properties
         if props is not NO_PROPERTIES and (
@@ -799,9 +808,11 @@ class Broker:
             props = dataclasses.replace(props, topic_alias=None, subscription_identifiers=())
         ts_us = self.wall_clock_us()
         topic = packet.topic
+        payload = packet.payload
         qos = packet.qos
         retain = packet.retain
-        if tenant == OPERATOR_TENANT and topic.startswith(JOURNAL_CONTROL_TOPIC_PREFIX):
+        operator = tenant == OPERATOR_TENANT
+        if operator and topic.startswith(JOURNAL_CONTROL_TOPIC_PREFIX):
             # Not journaled: the pipeline sends one after each batch it commits, and a
             # journaled one would be a new record, so a new batch, so a new notice, forever.
             # The retained message is kept in the state snapshot; without it retention waits.
@@ -814,23 +825,30 @@ class Broker:
                 topic,
                 qos,
                 retain,
-                packet.payload,
+                payload,
                 props.content_type,
                 props.user_properties,
             )
         message = Message(
-            tenant, topic, packet.payload, qos, retain, client_id, ts_us, props, seq, self.node_id
+            tenant, topic, payload, qos, retain, client_id, ts_us, props, seq, self.node_id
         )
+        wire = packet.wire
+        if wire is None:
+            pass
+        elif qos:  # the publisher's own bytes with a packet id of each subscriber's
+            at = len(wire) - len(payload) - (3 if version == _V5 else 2)
+            message.wire = (version, at, wire)
+        else:  # the publisher's own bytes are its QoS 0 subscribers' delivery (Message.enc)
+            message.enc_key = version * 2
+            message.enc = wire
         shares = None
         if self.mesh is not None:
             # First: what this publish sets off (a log event of a queue overflowing, a quota
             # decision's) is journaled after it, and peers must get it in seq order too.
             shares = self.mesh.forward(message)
-        if tenant == OPERATOR_TENANT:
-            self.take(message)
-            deliveries = self.router.route(message, publisher, retain=False, shares=shares)
-        else:
-            deliveries = self.router.route(message, publisher, shares=shares)
+        if operator:
+            self.take(message)  # retained (or not) already, so route(retain=False)
+        deliveries = self.router.route(message, publisher, not operator, shares)  # positional
         if deliveries is not None:
             if self.moves.adopted:
                 self.moves.note(deliveries)

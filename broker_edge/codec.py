@@ -93,6 +93,11 @@ _RETAIN_HANDLING: Final = (
     RetainHandling.DO_NOT_SEND,
 )
 _V5: Final = 5  # compared with ==, so a plain int level works as well as the enum
+# Per first byte: a PUBLISH whose flags _check_first_byte accepts (QoS 0-2, DUP only with QoS
+# 1/2), looked up by the decoder's fast path in one step.
+_VALID_PUBLISH_FIRST: Final = tuple(
+    b >> 4 == 3 and b & 0x06 != 0x06 and b & 0x0E != 0x08 for b in range(256)
+)
 _CONNECT: Final = 1
 _PUBLISH: Final = 3
 _AUTH: Final = 15
@@ -542,9 +547,10 @@ def _decode_connack(flags: int, body: bytes, v5: bool) -> Connack:
     return Connack(session_present, code, properties)
 
 
-def _decode_publish(first: int, buf: bytes, pos: int, end: int, v5: bool) -> Publish:
+def _decode_publish(first: int, buf: bytes, pos: int, end: int, v5: bool, head: int = 0) -> Publish:
     """PUBLISH from ``buf[pos:end]``, read in place: the hot path, so no field helpers and one
-    slice per field. QoS 3 and DUP were checked with the fixed header (``first``)."""
+    slice per field. QoS 3 and DUP were checked with the fixed header: ``first`` is its first
+    byte, starting at ``head`` in ``buf`` (for ``Publish.wire``), or only its flag bits."""
     if pos + 2 > end:
         raise MalformedPacket("truncated PUBLISH topic")
     topic_end = pos + 2 + ((buf[pos] << 8) | buf[pos + 1])
@@ -574,7 +580,7 @@ def _decode_publish(first: int, buf: bytes, pos: int, end: int, v5: bool) -> Pub
             pos += 1
         else:
             properties, pos = _decode_properties(buf, pos, end, PacketType.PUBLISH)
-    return Publish(
+    packet = Publish(
         topic,
         buf[pos:end],
         _QOS[qos],
@@ -583,6 +589,12 @@ def _decode_publish(first: int, buf: bytes, pos: int, end: int, v5: bool) -> Pub
         packet_id,
         properties,
     )
+    if first & 0xF9 == 0x30 and properties is NO_PROPERTIES:
+        # A whole fixed header (flag bits alone are below 0x10) without DUP or RETAIN: what
+        # encode_publish makes of it for this protocol version, but for the packet id
+        # (next_packet's fast path took only a minimal remaining length).
+        packet.wire = buf[head:end]
+    return packet
 
 
 def _decode_publish_body(flags: int, body: bytes, v5: bool) -> Publish:
@@ -854,15 +866,10 @@ class Decoder:
             if stop <= end and stop - pos <= self.max_packet_size:
                 version = self.protocol_version
                 # A valid PUBLISH on an established connection skips the header checks.
-                if (
-                    first & 0xF0 == 0x30
-                    and first & 0x06 != 0x06
-                    and first & 0x0E != 0x08
-                    and version
-                ):
+                if _VALID_PUBLISH_FIRST[first] and version:
                     self._pos = stop
                     self.decoded += 1
-                    return _decode_publish(first, data, start, stop, version == _V5)
+                    return _decode_publish(first, data, start, stop, version == _V5, pos)
                 if first == 0x40 and stop - start == 2 and version:
                     # A plain PUBACK (a subscriber's, once per QoS 1 delivery): its packet id,
                     # which may not be 0 [MQTT-2.3.1-1] (then the general path raises).

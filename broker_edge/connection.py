@@ -23,7 +23,9 @@ Our own misuse of the machine raises :class:`~broker_edge.errors.LocalProtocolEr
 from __future__ import annotations
 
 import dataclasses
+import struct
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import TYPE_CHECKING, Protocol
 
 from broker_edge.codec import Decoder, encode, encode_publish
@@ -85,6 +87,7 @@ VALID_TOPIC_CACHE = 16_384
 VALID_TOPIC_CACHE_CHARS = 2**20
 
 _PINGRESP = b"\xd0\x00"
+_QOS_OF = itemgetter(2)  # of a durable_acks entry (seq, packet id, QoS)
 _NO_OUTPUT: list[bytes] = []  # see Connection.out
 _NO_USAGE = TenantUsage()  # replaced at CONNECT; nothing is counted before
 
@@ -494,17 +497,12 @@ class Connection:
         in the order they arrived [MQTT-4.6.0-2], one write for all; True as :meth:`emit`.
         A QoS 1 exchange ends with its PUBACK; a QoS 2 one stays open until PUBREL.
         """
-        self.inbound_unacked -= sum(qos == 1 for _, _, qos in acks)
+        self.inbound_unacked -= list(map(_QOS_OF, acks)).count(1)
         # PUBACK/PUBREC 0x00 without properties are the same four bytes in 3.1.1 and 5.0 (the
-        # reason code may be omitted when it is 0 [MQTT-3.4.2.1]): no encoder needed.
-        return self.emit(
-            b"".join(
-                [
-                    (b"\x40\x02" if qos == 1 else b"\x50\x02") + pid.to_bytes(2, "big")
-                    for _, pid, qos in acks
-                ]
-            )
-        )
+        # reason code may be omitted when it is 0 [MQTT-3.4.2.1]): no encoder needed, one
+        # big-endian word each (0x4002 or 0x5002, then the packet id), packed at once.
+        words = [(0x40020000 if qos == 1 else 0x50020000) | pid for _, pid, qos in acks]
+        return self.emit(struct.pack(f">{len(words)}I", *words))
 
     def ack_again(self, packet_id: int) -> None:
         """A QoS 2 PUBLISH resent with an id still open: PUBREC again, delivered once

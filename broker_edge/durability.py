@@ -173,15 +173,7 @@ class GroupCommitter:
     ) -> int:
         with self._lock:
             seq = self._writer.append(
-                ts_us=ts_us,
-                tenant=tenant,
-                client_id=client_id,
-                topic=topic,
-                qos=qos,
-                retain=retain,
-                payload=payload,
-                content_type=content_type,
-                user_properties=user_properties,
+                ts_us, tenant, client_id, topic, qos, retain, payload, content_type, user_properties
             )
         # Read after the locked append: if the thread went idle before it, this sees so.
         if self._idle and not self._kick_scheduled and self._loop is not None:

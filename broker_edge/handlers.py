@@ -120,9 +120,8 @@ def _take_will(broker: Broker, conn: Connection, will: Will, v5: bool) -> bool:
 def handle_publish(broker: Broker, conn: Connection, packet: Publish, now: float) -> None:
     # The per-publish hot path: keep it flat.
     qos = packet.qos
-    session = broker.session_of[conn]
     pid = packet.packet_id
-    if qos == _QOS2 and pid is not None and pid in session.awaiting_rel:
+    if qos == _QOS2 and pid is not None and pid in broker.session_of[conn].awaiting_rel:
         # A resent QoS 2 PUBLISH we already accepted: acknowledge again, deliver once
         # [MQTT-4.3.3-10] (states.Flow.IN_QOS2 on PUBLISH_QOS2).
         conn.ack_again(pid)
@@ -168,7 +167,7 @@ def handle_publish(broker: Broker, conn: Connection, packet: Publish, now: float
     usage = conn.usage
     usage.messages_in += 1
     usage.bytes_in += size
-    seq = broker.accept(conn.tenant, conn.client_id, packet, conn.client_id)
+    seq = broker.accept(conn.tenant, conn.client_id, packet, conn.client_id, conn.version)
     if usage.messages_in >= usage.stop_messages_in or usage.bytes_in >= usage.stop_bytes_in:
         # The local quota: this publish brought the tenant's day to a limit; the next ones
         # are refused like under a blocked decision (broker_edge.localquota).
@@ -177,7 +176,7 @@ def handle_publish(broker: Broker, conn: Connection, packet: Publish, now: float
         return
     assert pid is not None
     if qos == _QOS2:
-        session.hold_rel(pid)
+        broker.session_of[conn].hold_rel(pid)
     # Acknowledged once the journal has it, with the rest of the turn (Broker.receive).
     acks = conn.durable_acks
     if acks is None:

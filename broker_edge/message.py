@@ -31,6 +31,7 @@ class Message:
         "tenant",
         "topic",
         "ts_us",
+        "wire",
     )
 
     def __init__(
@@ -63,6 +64,10 @@ class Message:
         self.enc_key = -1
         self.enc = b""
         self.encoded: dict[int, bytes] | None = None
+        # A QoS 1/2 publisher's own packet (Publish.wire) as (protocol version, where its
+        # packet id is, the bytes): a subscriber of that version taking it at that QoS gets it
+        # with its own packet id there (Outbox._send_publish). One slot: set once a message.
+        self.wire: tuple[int, int, bytes] | None = None
 
     def __repr__(self) -> str:
         return (

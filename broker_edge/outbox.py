@@ -200,10 +200,26 @@ class Outbox:
         if qos:
             pid = session.next_packet_id()
             assert pid is not None  # the window is far below 65535
-        # The clock only for a message whose expiry counts down [MQTT-3.3.2-6].
-        expires = message.properties.message_expiry_interval is not None
-        now_us = self.wall_clock_us() if expires else 0
-        data = conn.publish_bytes(message, qos, retain, pid, False, sub_ids, now_us)
+        wire = message.wire
+        if (
+            wire is not None
+            and wire[0] == conn.version
+            and qos == message.qos
+            and not retain
+            and not sub_ids
+            and not conn.alias_out_max
+            and not conn.max_packet_out
+        ):
+            # The publisher's own packet (no properties, so no expiry either), with this
+            # client's packet id in place of the publisher's.
+            _, at, raw = wire
+            assert pid is not None  # the publisher's QoS is 1 or 2
+            data: bytes | None = b"".join((raw[:at], pid.to_bytes(2, "big"), raw[at + 2 :]))
+        else:
+            # The clock only for a message whose expiry counts down [MQTT-3.3.2-6].
+            expires = message.properties.message_expiry_interval is not None
+            now_us = self.wall_clock_us() if expires else 0
+            data = conn.publish_bytes(message, qos, retain, pid, False, sub_ids, now_us)
         if data is None:
             # Over the client's maximum packet size: dropped for it [MQTT-3.1.2-25].
             log.info(

@@ -6,7 +6,7 @@ MQTT 5.0 (reason codes on acks, properties) have defaults that encode to nothing
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 
 
@@ -187,10 +187,18 @@ class Publish:
     dup: bool = False
     packet_id: int | None = None  # present iff qos > 0 [MQTT-2.3.1-5]
     properties: Properties = NO_PROPERTIES
+    # The packet as the decoder read it, when it is the PUBLISH a subscriber of the same
+    # protocol version gets at the same QoS but for the packet id (no DUP, no RETAIN, no
+    # properties): the broker forwards it as is (QoS 0) or with its own packet id instead of
+    # encoding it again. Not an argument of __init__, so dataclasses.replace, which may change
+    # what the bytes say, never copies it.
+    wire: bytes | None = field(default=None, init=False, compare=False, repr=False)
     packet_type = PacketType.PUBLISH
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen either, for the same reason as Publish: the decoder builds one per QoS 1 delivery
+# a subscriber acknowledges.
+@dataclass(slots=True, unsafe_hash=True)
 class Puback:
     packet_id: int
     reason_code: int = 0

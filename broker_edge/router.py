@@ -328,11 +328,10 @@ class Router:
 
     # -- messages ------------------------------------------------------------------------------
 
-    def route(
+    def route(  # positional or by name: the broker routes positionally, once per publish
         self,
         message: Message,
         publisher: str | None,
-        *,
         retain: bool = True,
         shares: Container[Share] | None = None,
     ) -> list[Delivery] | None:
@@ -346,7 +345,7 @@ class Router:
             ns = self.namespace(tenant)
         if message.retain and retain:
             ns.retained.set(message)
-        matches = ns.subscriptions.match(message.topic)
+        matches = ns.subscriptions.matches(message.topic)
         if not matches:
             return None
         sessions = self.sessions

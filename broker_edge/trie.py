@@ -139,16 +139,20 @@ class TopicTrie(Generic[K, V]):
         A key appears once per matching filter (see the module docstring). Order is unspecified.
         The returned list is the caller's to keep or mutate.
         """
+        return list(self.matches(topic))
+
+    def matches(self, topic: str) -> tuple[tuple[K, V], ...]:
+        """What :meth:`match` returns, as the cached tuple itself: no copy per publish."""
         cache = self._cache
         hit = cache.get(topic)
         if hit is not None:
             cache.move_to_end(topic)
-            return list(hit)
-        result = self._walk(topic)
+            return hit
+        result = tuple(self._walk(topic))
         if self._cache_size:
             cost = len(topic) + _ENTRY_BYTES + _MATCH_BYTES * len(result)
             if cost <= self._cache_bytes // 8:  # one entry never takes over the cache
-                cache[topic] = tuple(result)
+                cache[topic] = result
                 self._cache_held += cost
                 while len(cache) > self._cache_size or self._cache_held > self._cache_bytes:
                     old, matched = cache.popitem(last=False)

@@ -632,9 +632,8 @@ class JournalWriter:
         """Bytes still free for the journal on its filesystem."""
         return self._files.free_bytes(self._dir)
 
-    def append(
+    def append(  # positional or by name: the edge appends positionally, once per publish
         self,
-        *,
         ts_us: int,
         tenant: str,
         client_id: str,

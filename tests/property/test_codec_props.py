@@ -17,9 +17,10 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker_edge.codec import DEFAULT_MAX_PACKET_SIZE, Decoder, encode
+from broker_edge.codec import DEFAULT_MAX_PACKET_SIZE, Decoder, encode, encode_publish
 from broker_edge.errors import ProtocolError
 from broker_edge.packets import (
+    NO_PROPERTIES,
     Auth,
     Connack,
     Connect,
@@ -328,6 +329,32 @@ def test_round_trip_in_random_chunks(
     wire = b"".join(encode(packet, version) for packet in expected)
     assert decode_all([wire], version) == expected
     assert decode_all(chunked(data, wire), version) == expected
+
+
+@SETTINGS
+@given(versioned_packets(), st.data())
+def test_a_publishs_wire_is_its_delivery_but_for_the_packet_id(
+    case: tuple[ProtocolVersion, list[Packet]], data: st.DataObject
+) -> None:
+    """``Publish.wire`` (the bytes a subscriber of the same version and QoS gets as they came,
+    but for the packet id) is what the encoder makes of that delivery; a whole buffer sets it
+    on every publish it can."""
+    version, packets = case
+    wire = b"".join(encode(packet, version) for packet in packets)
+    for whole, chunks in ((True, [wire]), (False, chunked(data, wire))):
+        for packet in decode_all(chunks, version):
+            if not isinstance(packet, Publish):
+                continue
+            plain = not packet.dup and not packet.retain and packet.properties == NO_PROPERTIES
+            if packet.wire is not None:
+                assert plain
+                pid = packet.packet_id
+                delivery = encode_publish(
+                    packet.topic, packet.payload, packet.qos, False, False, pid, version
+                )
+                assert packet.wire == delivery
+            else:
+                assert not (whole and plain)
 
 
 @settings(SETTINGS, max_examples=50)

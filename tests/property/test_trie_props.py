@@ -77,6 +77,7 @@ def test_trie_agrees_with_reference_under_interleaved_add_remove(
         # Matching after every step checks that the cache never serves a stale result.
         for topic in probes:
             assert Counter(trie.match(topic)) == expected(model, topic), (topic, model)
+            assert Counter(trie.matches(topic)) == expected(model, topic), (topic, model)
     for f, key in list(model):
         assert trie.remove(f, key)
     assert len(trie) == 0

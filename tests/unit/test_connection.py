@@ -172,6 +172,56 @@ def test_qos0_is_journaled_and_routed(broker, journal):
     assert (msg.topic, msg.payload, msg.qos) == ("a/b", b"hello", QoS.AT_MOST_ONCE)
 
 
+@pytest.mark.parametrize(
+    "pub_version", [ProtocolVersion.MQTT_3_1, ProtocolVersion.MQTT_3_1_1, ProtocolVersion.MQTT_5]
+)
+def test_a_qos0_publish_reaches_subscribers_of_every_version_as_their_own_packet(
+    broker, pub_version
+):
+    # The publisher's bytes go out as they came to its own version's subscribers
+    # (Publish.wire); the others get the packet encoded for theirs.
+    subs = {}
+    for version in (ProtocolVersion.MQTT_3_1_1, ProtocolVersion.MQTT_5):
+        sub = subs[version] = connected(broker, f"sub-{version}", version)
+        sub.send(Subscribe(packet_id=1, subscriptions=(Subscription("a/#"),)))
+        sub.replies()
+    pub = connected(broker, "pub", pub_version)
+    sent = [Publish(topic="a/b", payload=b"x" * 200), Publish(topic="a", payload=b"")]
+    pub.send(sent[0])
+    pub.send(sent[1])
+    for version, sub in subs.items():
+        assert b"".join(sub.wire) == b"".join(encode(p, version) for p in sent)
+        assert sub.replies() == sent
+
+
+@pytest.mark.parametrize("pub_version", [ProtocolVersion.MQTT_3_1_1, ProtocolVersion.MQTT_5])
+@pytest.mark.parametrize("qos", [QoS.AT_LEAST_ONCE, QoS.EXACTLY_ONCE])
+def test_a_qos1_or_2_publish_reaches_each_subscriber_with_its_own_packet_id(
+    broker, pub_version, qos
+):
+    # A subscriber of the publisher's version at its QoS gets the publisher's bytes with a
+    # packet id of its own (Message.wire); the others get theirs encoded.
+    subs = []
+    for version in (ProtocolVersion.MQTT_3_1_1, ProtocolVersion.MQTT_5):
+        for sub_qos in QoS:
+            sub = connected(broker, f"sub-{version}-{sub_qos}", version)
+            sub.send(Subscribe(packet_id=1, subscriptions=(Subscription("a/#", sub_qos),)))
+            sub.replies()
+            subs.append((version, sub_qos, sub))
+    pub = connected(broker, "pub", pub_version)
+    pub.replies()
+    pub.send(Publish(topic="a/b", payload=b"x" * 300, qos=qos, packet_id=40_000))
+    pub.send(Publish(topic="a/c", payload=b"y", qos=qos, packet_id=40_001, retain=True))
+    for version, sub_qos, sub in subs:
+        got = min(qos, sub_qos)
+        ids = [1, 2] if got else [None, None]
+        expected = [
+            Publish(topic="a/b", payload=b"x" * 300, qos=got, packet_id=ids[0]),
+            Publish(topic="a/c", payload=b"y", qos=got, packet_id=ids[1]),
+        ]
+        assert b"".join(sub.wire) == b"".join(encode(p, version) for p in expected)
+
+
 def test_packet_before_connect_closes(broker):
     peer = Peer(broker, ProtocolVersion.MQTT_3_1_1)
     peer.decoder = Decoder(protocol_version=ProtocolVersion.MQTT_3_1_1)
