@@ -111,9 +111,11 @@ def delta_config(partitions: int = 4) -> Mapping[str, str]:
         # No table feature the light readers (delta-rs, polars, DuckDB) lack.
         "spark.databricks.delta.properties.defaults.enableDeletionVectors": "false",
         "spark.sql.session.timeZone": "UTC",
-        # Payloads (messages, quarantine) are nearly all distinct: Parquet's dictionary attempt
-        # on them is wasted work (a fifth of a batch's time, BENCHMARKS.md issue 18).
+        # Payloads (messages, quarantine) and their text (messages) are nearly all distinct:
+        # Parquet's dictionary attempt on them is wasted work (a fifth of a batch's time for
+        # the bytes, BENCHMARKS.md issue 18).
         "spark.hadoop.parquet.enable.dictionary#payload": "false",
+        "spark.hadoop.parquet.enable.dictionary#payload_text": "false",
     }
 
 

@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 from pyspark.errors import StreamingQueryException
@@ -28,6 +29,8 @@ pytestmark = pytest.mark.spark
 
 Id = tuple[str, int]
 BASE_TS_US = 1_710_028_800_000_000  # 2024-03-10T00:00:00Z
+# Parquet's names for dictionary-encoded pages (format v1 and v2).
+DICTIONARY_ENCODINGS = {"PLAIN_DICTIONARY", "RLE_DICTIONARY"}
 
 
 @pytest.fixture
@@ -104,6 +107,31 @@ def test_every_record_lands_exactly_once(
     )
     assert last_batch is not None
     assert last_batch >= 4
+
+
+def test_payloads_are_written_without_a_dictionary(
+    edgebus_spark: SparkSession, settings: PipelineSettings
+) -> None:
+    """``payload`` and ``payload_text`` are nearly all distinct: their pages are PLAIN, with no
+    dictionary built and thrown away per page (BENCHMARKS.md, issue 18); other columns keep
+    theirs."""
+    # Enough rows in one file for a repeated column's dictionary to pay (Parquet falls back to
+    # PLAIN where it does not, as for a few rows).
+    settings = dataclasses.replace(settings, max_records_per_batch=5_000)
+    journal(settings, "edge-a", traffic(2_000))
+    pipeline.run(settings, once=True, spark=edgebus_spark)
+
+    files = DeltaTable(str(settings.table_path("messages"))).file_uris()
+    assert files
+    for uri in files:
+        row_group = pq.ParquetFile(uri.removeprefix("file://")).metadata.row_group(0)
+        encodings = {
+            row_group.column(i).path_in_schema: set(row_group.column(i).encodings)
+            for i in range(row_group.num_columns)
+        }
+        for column in ("payload", "payload_text"):
+            assert not encodings[column] & DICTIONARY_ENCODINGS, (column, encodings[column])
+        assert encodings["node"] & DICTIONARY_ENCODINGS  # one value: a dictionary pays
 
 
 def test_crash_between_delta_commit_and_spark_commit(
