@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.logs_query import build_table
+from bench.logs_query import ensure_table
 from bench.pipeline import peak_rss_mib, reset_peak_rss
 
 
@@ -119,10 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="edgebus-lake-load-"))
     lake = workdir / "lake"
     try:
-        if not (lake / "logs" / "_delta_log").exists():
-            started = time.perf_counter()
-            build_table(lake, args.rows, args.tenants, args.days)
-            print(f"built {args.rows} rows in {time.perf_counter() - started:.1f} s", flush=True)
+        ensure_table(lake, args.rows, args.tenants, args.days)
         spark = build_spark(PipelineSettings(lake=lake, master="local[2]"))
         try:
             jvm_pid = spark.sparkContext._gateway.proc.pid  # the JVM pyspark launched

@@ -100,6 +100,16 @@ def log_rows(tenant: str, day: date, n: int, rng: np.random.Generator) -> pa.Tab
     )
 
 
+def ensure_table(lake: Path, rows: int, tenants: int, days: int) -> None:
+    """``lake``'s ``logs`` table as :func:`build_table` makes it, built unless it is there
+    already (a ``--workdir`` kept from an earlier run: building 10M rows takes minutes)."""
+    if (lake / "logs" / "_delta_log").is_dir():
+        return
+    started = time.perf_counter()
+    build_table(lake, rows, tenants, days)
+    print(f"built {rows} rows in {time.perf_counter() - started:.1f} s", flush=True)
+
+
 def build_table(lake: Path, rows: int, tenants: int, days: int) -> None:
     """The logs table as the pipeline writes it: Spark's Delta, one commit per tenant-day
     (with the logs step's app id), then compacted by the pipeline's maintenance."""
@@ -157,10 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     work = args.workdir or Path(tempfile.mkdtemp(prefix="edgebus-bench-logs-"))
     lake = work / "lake"
     try:
-        if not (lake / "logs" / "_delta_log").is_dir():
-            started = time.perf_counter()
-            build_table(lake, args.rows, args.tenants, args.days)
-            print(f"built {args.rows} rows in {time.perf_counter() - started:.1f} s", flush=True)
+        ensure_table(lake, args.rows, args.tenants, args.days)
         tenant = "tenant-03"
         day = FIRST_DAY + timedelta(days=args.days // 2)
         since = datetime(day.year, day.month, day.day, tzinfo=UTC)
