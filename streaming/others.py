@@ -6,13 +6,14 @@ The journal query's ``foreachBatch`` (:class:`streaming.pipeline.TableFanout`) w
 micro-batch's ``messages`` and returns: what analysts wait for is not held up by the other
 tables, whose commits cost a second or more whatever their rows (the usage upsert four,
 BENCHMARKS.md issues 12 and 18). It hands the batch to :class:`OtherTables`, whose thread
-writes ``logs``, ``quarantine`` and the usage step (``usage``, then the quota step's
-``quota_events`` and decisions) behind it, from a batch read of the journal range
+writes ``logs``, ``quarantine`` and the usage step (``usage``, whose commits tell the quota
+step what ``usage`` holds: it decides ahead of it, :mod:`streaming.quota_lane`) behind it,
+from a batch read of the journal range
 (:func:`streaming.route.read_others`: the route runs again in the read tasks and only the other
 destinations' rows cross to the JVM). Every batch handed over while it worked goes in one read
 and one commit per table, committed as the newest of those batch ids with each table's Delta
 app transaction, as before. A batch whose ``messages`` commit holds all its records has no
-other rows and is not read again (the quota step still runs for it).
+other rows and is not read again.
 
 Progress. Each *unit* (``logs``, ``quarantine``, the usage step) is done through a batch id;
 once all are, the thread records it in ``{checkpoint}/others`` (written before the query first
@@ -25,9 +26,9 @@ so the progress is the last batch Spark marked done. A batch's range comes from 
 log, which keeps the last 100 batches: the stream waits while the thread is :data:`MAX_LAG`
 batches behind.
 
-A batch Spark replays that the usage step holds already (a crash after the other tables'
-commits, before Spark's marker) runs the quota step again, which sends the decisions it
-recorded for it (the edges may not have had them) and decides nothing new.
+A batch Spark replays that every table holds already (a crash after the other tables'
+commits, before Spark's marker) is not written again here (the quota lane sends the decisions
+recorded for it again).
 
 The journal notices (retention) and the pipeline's graceful stop wait for this thread:
 :meth:`OtherTables.done_through` is what every table holds, and :meth:`OtherTables.drain`
@@ -38,7 +39,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -53,16 +53,16 @@ from pyspark.sql import functions as F  # noqa: N812 (pyspark's own convention)
 from ingest.source import checkpointed_offset
 from sinks.delta import DeltaTableWriter
 from streaming import route
+from streaming.behind import Behind
 from streaming.errors import PipelineError
 from streaming.usage import UsageStep
 
 if TYPE_CHECKING:
     from streaming.metrics import PipelineMetrics
-    from streaming.quota import QuotaEvent
 
 logger = logging.getLogger(__name__)
 
-# The units, each done through a batch id: two appends and the usage step (usage + quota).
+# The units, each done through a batch id: two appends and the usage step.
 USAGE = route.COUNTERS
 UNITS = (route.LOGS, route.QUARANTINE, USAGE)
 # The progress file in the query's checkpoint directory: the batch id every unit is done through.
@@ -72,8 +72,12 @@ PROGRESS_FILE = "others"
 MAX_LAG = 16
 
 
-class OtherTables:
-    """Writes every table but ``messages`` behind the stream (see the module's docstring)."""
+class OtherTables(Behind[tuple[int, bool]]):
+    """Writes every table but ``messages`` behind the stream (see the module's docstring);
+    handed ``(batch id, whether it may hold other rows)``."""
+
+    what = "writing the other tables"
+    thread_name = "other-tables"
 
     def __init__(
         self,
@@ -83,18 +87,13 @@ class OtherTables:
         usage: UsageStep,
         metrics: PipelineMetrics | None = None,
     ) -> None:
+        super().__init__()
         self._checkpoint = checkpoint
         self._journals = journals  # the journal source's options, for the batch reads
         self._appends = appends  # logs and quarantine
         self._usage = usage
         self._metrics = metrics
-        self._changed = threading.Condition()
-        self._handed: list[tuple[int, bool]] = []  # (batch id, whether it may hold other rows)
-        self._busy = False
         self._done: dict[str, int] = dict.fromkeys(UNITS, -1)
-        self._error: BaseException | None = None
-        self._closing = False
-        self._thread: threading.Thread | None = None
         # The small tables' appends run beside the usage step: each is its own table's
         # transaction, and most of a small commit's cost is waiting, not the cores.
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="append")
@@ -116,10 +115,7 @@ class OtherTables:
                 "other tables: done through %s, catching up to batch %d", self._done, marked
             )
             self._handed.append((marked, True))
-        self._thread = threading.Thread(
-            target=self._run, args=(spark,), name="other-tables", daemon=True
-        )
-        self._thread.start()
+        self._start_thread(spark)
         # Caught up before the query starts: its start and this write would start their Python
         # workers side by side, and Spark gives a worker only 10 s to connect back.
         self.drain()
@@ -127,17 +123,17 @@ class OtherTables:
     def hand(self, batch_id: int, others: bool) -> None:
         """Batch ``batch_id`` is in ``messages`` (``others``: it may hold other rows). Waits
         while :data:`MAX_LAG` batches wait already; raises the thread's failure."""
-        with self._changed:
-            while self._error is None and len(self._handed) >= MAX_LAG:
-                self._changed.wait()
-            self._raise_failure()
-            self._handed.append((batch_id, others))
-            self._changed.notify_all()
+        self._hand((batch_id, others), MAX_LAG)
 
     def done_through(self) -> int:
         """The last batch id every other table holds (-1: none)."""
         with self._changed:
             return min(self._done.values())
+
+    def usage_through(self) -> int:
+        """The last batch id the usage table holds (-1: none)."""
+        with self._changed:
+            return self._done[USAGE]
 
     def mark_done(self, batch_id: int) -> None:
         """Every unit is done through ``batch_id`` (what the thread does after each write)."""
@@ -146,78 +142,28 @@ class OtherTables:
                 self._done[unit] = max(self._done[unit], batch_id)
             self._changed.notify_all()
 
-    def drain(self, timeout: float | None = None) -> None:
-        """Wait until every batch handed over is in every table; raises the thread's failure,
-        or :class:`PipelineError` when ``timeout`` passes first."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._changed:
-            while self._error is None and (self._handed or self._busy):
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise PipelineError(
-                        f"the other tables did not catch up within {timeout} s "
-                        f"(done through {min(self._done.values())})"
-                    )
-                self._changed.wait(left)
-            self._raise_failure()
-
-    def check(self) -> None:
-        """Raise the thread's failure, if it failed."""
-        with self._changed:
-            self._raise_failure()
-
     def close(self) -> None:
         """Stop the thread once what was handed over is written (or it failed)."""
-        with self._changed:
-            self._closing = True
-            self._changed.notify_all()
-        if self._thread is not None:
-            self._thread.join()
+        super().close()
         self._pool.shutdown(wait=True)
 
-    def _raise_failure(self) -> None:
-        if self._error is not None:
-            raise PipelineError(f"writing the other tables failed: {self._error}") from self._error
+    def _progress(self) -> str:
+        return f" (done through {min(self._done.values())})"
 
-    def _run(self, spark: SparkSession) -> None:
-        while True:
-            with self._changed:
-                while not self._handed and not self._closing:
-                    self._changed.wait()
-                if not self._handed:
-                    return
-                taken = len(self._handed)
-                batch_id = self._handed[-1][0]
-                others = any(may for _, may in self._handed)
-                self._busy = True
-            try:
-                self._write_through(spark, batch_id, others)
-            except BaseException as exc:  # failed: the stream's next batch raises it
-                logger.exception("other tables: batch %d failed", batch_id)
-                with self._changed:
-                    self._error = exc
-                    self._busy = False
-                    self._changed.notify_all()
-                return
-            with self._changed:
-                del self._handed[:taken]
-                self._busy = False
-                self._changed.notify_all()
+    def _work(self, spark: SparkSession, taken: list[tuple[int, bool]]) -> None:
+        self._write_through(spark, taken[-1][0], any(may for _, may in taken))
 
     def _write_through(self, spark: SparkSession, batch_id: int, others: bool) -> None:
         """Every unit through ``batch_id``: units done through the same id are one group."""
         with self._changed:
             groups = sorted({done for done in self._done.values() if done < batch_id})
-            replayed = self._done[USAGE] >= batch_id
-        if replayed:  # Spark replays a batch the usage step has: its quota decisions again
-            self._decided(self._usage(spark, batch_id, None, set()))
         for since in groups:
             with self._changed:
                 units = [unit for unit, done in self._done.items() if done == since]
             if others:
                 self._write(spark, batch_id, since, units)
             elif USAGE in units:
-                self._decided(self._usage(spark, batch_id, None, set()))
+                self._usage(batch_id, None, set())  # nothing to add: the quota step learns so
             with self._changed:
                 for unit in units:
                     self._done[unit] = batch_id
@@ -249,7 +195,7 @@ class OtherTables:
                 if USAGE in units:
                     began = time.monotonic()
                     counters = route.share(rows, route.COUNTERS) if counts.get(USAGE) else None
-                    self._decided(self._usage(spark, batch_id, counters, touched))
+                    self._usage(batch_id, counters, touched)
                     timings["usage"] = time.monotonic() - began
             finally:
                 # Every append ends (or fails) before the rows are unpersisted, whichever fails.
@@ -268,10 +214,6 @@ class OtherTables:
         )
         if self._metrics is not None:
             self._metrics.rows_written(counts, timings)
-
-    def _decided(self, events: list[QuotaEvent]) -> None:
-        if self._metrics is not None:
-            self._metrics.quota_decided(events)
 
     def _last_batch(self, unit: str) -> int | None:
         if unit == USAGE:

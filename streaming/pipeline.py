@@ -26,8 +26,9 @@ batch_id)`` in the same commit. Spark logs a batch's offsets before running it a
 done after ``foreachBatch`` returns, so a crash before that replays the same batch with the
 same records, and ``messages`` skips it if it has it already. The other tables keep their own
 progress in the checkpoint directory and take up from there (:mod:`streaming.others`). The
-quota step runs after the usage commit, so its decisions always see the usage that caused
-them.
+quota step decides each batch as soon as ``messages`` has it, ahead of ``usage``, on what
+``usage`` holds plus the batches it does not hold yet, counted on the driver
+(:mod:`streaming.quota_lane`): its reaction waits for no other table.
 
 Only small results reach the driver: the per-destination counts of the second read, the usage
 step's day totals per tenant and metric, the quota step's decisions. The
@@ -73,6 +74,7 @@ from streaming.maintenance import MaintenanceSchedule, RetentionLoader, spark_ma
 from streaming.metrics import PipelineMetrics
 from streaming.others import OtherTables
 from streaming.quality import QualitySchedule
+from streaming.quota_lane import QuotaLane
 from streaming.quota_settings import NoticeSettings, QuotaSettings
 from streaming.schedule import IntervalSchedule
 from streaming.session import build_spark, use_lake
@@ -123,15 +125,21 @@ class TableFanout:
             if edges is not None
             else None
         )
+        journals = journal_options(settings, edge_token)
+        usage = UsageStep(settings, quota, self.publisher)
         self.others = OtherTables(
             self._checkpoint,
-            journal_options(settings, edge_token),
+            journals,
             {
                 route.LOGS: logs_writer(settings),
                 route.QUARANTINE: quarantine_writer(settings.table_path(QUARANTINE_TABLE)),
             },
-            UsageStep(settings, quota, self.publisher),
+            usage,
             metrics,
+        )
+        # The quota step decides ahead of the other tables (streaming.quota_lane).
+        self.quota = (
+            QuotaLane(usage.quota, self._checkpoint, journals, metrics) if usage.quota else None
         )
 
     @property
@@ -146,6 +154,8 @@ class TableFanout:
         end = checkpointed_offset(self._checkpoint, batch_id)
         ends = {node: seq for node, seq in end.items() if seq > start.get(node, 0)}
         records = sum(seq - start.get(node, 0) for node, seq in ends.items())  # at most
+        if self.quota is not None:  # counted and decided beside the messages' write
+            self.quota.hand(batch_id, start, end, records > 0)
         # The messages straight from the read: the batch's one pass.
         written = self.messages.append(batch_id, route.share(batch, route.MESSAGES))
         elapsed = time.monotonic() - started
@@ -159,17 +169,32 @@ class TableFanout:
         self.batch_ended(batch_id, ends)
 
     def start(self, spark: SparkSession) -> None:
-        """Before the query starts: the other tables take up where the last run left off."""
+        """Before the query starts: the other tables take up where the last run left off,
+        then the quota step from what ``usage`` holds."""
         self.others.start(spark)
+        if self.quota is not None:
+            self.quota.start(spark, self.others.usage_through())
 
     def drain(self, timeout: float | None = None) -> None:
-        """Wait until every batch the stream wrote is in every other table too."""
+        """Wait until every batch the stream wrote is decided and in every other table."""
+        if self.quota is not None:
+            self.quota.drain(timeout)
         self.others.drain(timeout)
 
+    def check(self) -> None:
+        """Raise the quota step's or the other tables' failure, while no batch comes."""
+        if self.quota is not None:
+            self.quota.check()
+        self.others.check()
+
     def close(self) -> None:
-        """The query has stopped: the other tables finish what they were handed, then the
-        last notices go out."""
-        self.others.close()
+        """The query has stopped: the quota step and the other tables finish what they were
+        handed, then the last notices go out."""
+        try:
+            if self.quota is not None:
+                self.quota.close()
+        finally:
+            self.others.close()
         self.send_notices()
 
     def batch_ended(self, batch_id: int, ends: dict[str, int]) -> None:
@@ -377,7 +402,7 @@ def run(
 def _wait(running: PipelineQuery, stop: threading.Event, schedules: list[IntervalSchedule]) -> None:
     query = running.query
     while not stop.wait(POLL_SECONDS):
-        running.fanout.others.check()  # the other tables' failure, while no batch comes
+        running.fanout.check()  # the quota step's or the other tables' failure
         if not query.isActive:
             # Raises the query's StreamingQueryException when it failed.
             query.awaitTermination()

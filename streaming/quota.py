@@ -1,5 +1,5 @@
 """The quota step: each tenant's usage of the UTC day against its daily limits, decided per
-micro-batch of the usage job, recorded in ``quota_events`` and sent to every edge.
+micro-batch of the journal query, recorded in ``quota_events`` and sent to every edge.
 
 Theory of operation
 -------------------
@@ -8,40 +8,56 @@ Quota metrics are named after their limits and measured by a counter: ``messages
 UTC day (the clock's, so a backlog from yesterday never blocks anyone today). A metric is
 ``blocked`` at 100 % of its limit, ``warn`` at 80 %, ``ok`` below; no limit is ``ok``.
 
-The step runs inside the usage job's ``foreachBatch``, after the batch's usage commit, so the
-usage it reads already holds the batch and cannot lag behind it (a separate query reading
-``usage`` would decide on whatever the usage query had committed by then):
+The step decides each batch as soon as the stream has read it, ahead of the ``usage`` table
+(which is written behind the stream, :mod:`streaming.others`), from the quota lane's thread
+(:mod:`streaming.quota_lane`):
 
-1. Day totals come from ``usage`` (durable): read for the whole day once per day and on
-   start, then replaced per tenant by the day totals each usage commit reports.
+1. Day totals are what ``usage`` holds plus what was counted ahead of it. What it holds is
+   read for today on start (nothing writes it then), then replaced per group by the day totals
+   each usage commit reports (:meth:`QuotaStep.committed`); the lane counts each later batch's
+   counter records on the driver (:func:`count_counters`: each node's deltas, what the usage
+   step will add), and a batch's counts are dropped once ``usage`` holds it. Both sum the same
+   counter records per node, so a decision sees the totals ``usage`` will hold for its batch.
 2. Limits come from ``QuotaSettings.load_limits()``, called every batch, so a changed tenants
    file counts from the next batch on. A failing loader keeps the previous limits.
 3. The previous state of each tenant and metric is its latest ``quota_events`` row (read once
-   on start, then kept in step with what this step commits). A change of state is a new row:
+   on start, then kept in step with what this step decides). A change of state is a new row:
    ``warn``, ``blocked``, or, back under 80 %, ``cleared`` (same day: the limit went up or
    away) or ``ok`` (the day rolled over). The rows carry the batch id as a Delta app
    transaction, in one commit.
-4. Only after that commit are the decisions published: for each tenant that changed, its
-   decision for every metric it has a recorded state for, the most severe last, retained on
-   ``$control/quota/{tenant}`` (an edge keeps one decision per metric, but after a restart it
-   knows only the retained one: that must be the one that blocks, if any).
+4. The decisions are published, for each tenant that changed its decision for every metric
+   it has a recorded state for, the most severe last, retained on ``$control/quota/{tenant}``
+   (an edge keeps one decision per metric, but after a restart it knows only the retained one:
+   that must be the one that blocks, if any), with the confirmed totals (issue 14). They are
+   sent *before* their commit (a second or more of Spark job and Delta commit: the reaction
+   would wait for it), so first their :class:`Intent` is written and synced in the checkpoint
+   directory; after the commit it is removed. A crash in between leaves it, and the next start
+   commits those decisions before anything else: what the edges got is what ``quota_events``
+   says, never a decision sent and lost (which a later decision, or none, could contradict).
 
 Replays: a batch whose id ``quota_events`` already committed decides nothing; it republishes
-the decisions recorded for it. A batch that never committed published nothing, so deciding it
-again cannot contradict anything published. The first batch after a start republishes every
-tenant's recorded decisions: that also delivers what a broker that was down missed before the
-process stopped (within a run, :class:`~sinks.mqtt.DecisionPublisher` retries on each batch).
+the decisions recorded for it. A batch that never committed published nothing but its intent's
+decisions, committed on start, so deciding it again cannot contradict anything published. The
+first batch after a start republishes every tenant's recorded decisions: that also delivers
+what a broker that was down missed before the process stopped (within a run,
+:class:`~sinks.mqtt.DecisionPublisher` retries on each batch).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import threading
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import date, datetime
+from datetime import date, datetime, timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from schemas import names
 from schemas.control import ConfirmedUsage, ControlMessageError, usage_control_topic
@@ -58,7 +74,7 @@ from sinks.upsert import query_table, sql_string, table_exists
 from streaming.errors import PipelineConfigError
 from streaming.quota_settings import QuotaSettings, TenantLimits
 from streaming.settings import PipelineSettings
-from streaming.usage import DayUsage, node_parts
+from streaming.usage import DayUsage, GroupKey, node_parts
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -78,6 +94,14 @@ _ORDER = {metric: i for i, metric in enumerate(QUOTA_METRICS)}
 DayTotals = Mapping[tuple[str, str, date], DayUsage]
 """(tenant, counter metric, UTC date) -> the day's total and each node's part of it, as
 reported by the usage writer."""
+
+PendingCounts = dict[GroupKey, dict[str, int]]
+"""(tenant, counter metric, UTC date) -> each node's counter deltas in batches ``usage`` does
+not hold yet (counted ahead of it, :func:`count_counters`)."""
+
+# The counters that measure a quota metric: the only ones counted ahead of ``usage``.
+QUOTA_COUNTERS = frozenset(QUOTA_METRICS.values())
+ONE_DAY = timedelta(days=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +212,10 @@ def control_topic(tenant: str) -> str:
 
 
 class QuotaStep:
-    """Decides, records and publishes quota states once per usage micro-batch."""
+    """Decides, records and publishes quota states: ahead of ``usage``, from what is committed
+    there and the counter records of the batches it does not hold yet (see the module's
+    docstring). :meth:`committed` is called by the usage step's thread, :meth:`decide_batch` by
+    the quota lane's (:class:`streaming.quota_lane.QuotaLane`)."""
 
     def __init__(
         self,
@@ -208,12 +235,86 @@ class QuotaStep:
             logger.warning("quota: no brokers configured, decisions are recorded only")
         self._recorded: Recorded | None = None
         self._limits: Mapping[str, TenantLimits] | None = None
-        self._day: date | None = None
-        self._totals: dict[tuple[str, str], DayUsage] = {}
+        # What ``usage`` holds: each group's day total with each node's part, through batch
+        # ``_base_batch``; and the counts of the batches after it, counted ahead of ``usage``.
+        self._lock = threading.Lock()
+        self._base: dict[GroupKey, DayUsage] = {}
+        self._base_batch = -1
+        self._pending: list[tuple[int, PendingCounts]] = []
+        self._intent = Intent(None)
 
-    def run(self, spark: SparkSession, batch_id: int, committed: DayTotals) -> list[QuotaEvent]:
-        """Decide batch ``batch_id``; ``committed``: the day totals its usage commit reported.
-        The decisions made (none for a replayed batch: they were made before)."""
+    def start(self, spark: SparkSession, usage_through: int, intent: Path) -> None:
+        """Before the query starts (nothing writes ``usage`` meanwhile): what ``usage`` holds
+        of today, through batch ``usage_through``; ``intent``: the decisions sent and not
+        committed yet are kept there (:class:`Intent`), committed now if a crash left some."""
+        self._intent = Intent(intent)
+        left = self._intent.read()
+        if left is not None:
+            batch_id, events = left
+            done = self.events.last_batch_id()
+            if done is None or done < batch_id:
+                logger.info(
+                    "quota: committing the %d decision(s) sent in batch %d", len(events), batch_id
+                )
+                self._record(spark, batch_id, events)
+            self._intent.clear()
+        day = self._quota.clock().date()
+        with self._lock:
+            loaded = load_day_totals(self._usage_path, day)
+            self._base = {
+                (tenant, metric, day): usage for (tenant, metric), usage in loaded.items()
+            }
+            self._base_batch = usage_through
+            self._pending = []
+
+    def committed(self, batch_id: int, totals: DayTotals) -> None:
+        """``usage`` holds every batch through ``batch_id`` now; ``totals``: the day totals of
+        the groups its commit touched (the others are as they were)."""
+        today = self._quota.clock().date()
+        with self._lock:
+            for key, usage in totals.items():
+                if key[1] in QUOTA_COUNTERS:
+                    self._base[key] = usage
+            # Older days are never decided on again (a backlog from yesterday blocks nobody).
+            self._base = {k: v for k, v in self._base.items() if k[2] >= today - ONE_DAY}
+            self._base_batch = max(self._base_batch, batch_id)
+            self._pending = [entry for entry in self._pending if entry[0] > self._base_batch]
+
+    def counted(self, batch_id: int, counts: PendingCounts) -> None:
+        """Batch ``batch_id``'s quota counters, counted ahead of ``usage`` (nothing if ``usage``
+        holds the batch already)."""
+        with self._lock:
+            if batch_id > self._base_batch:
+                self._pending.append((batch_id, counts))
+
+    def day_totals(self, day: date) -> dict[tuple[str, str], DayUsage]:
+        """(tenant, counter) -> the day's total and each node's part: what ``usage`` holds plus
+        what was counted ahead of it."""
+        with self._lock:
+            parts: dict[tuple[str, str], dict[str, int]] = {
+                (tenant, metric): dict(nodes)
+                for (tenant, metric, when), (_, nodes) in self._base.items()
+                if when == day
+            }
+            for _, counts in self._pending:
+                for (tenant, metric, when), nodes in counts.items():
+                    if when != day:
+                        continue
+                    group = parts.setdefault((tenant, metric), {})
+                    for node, value in nodes.items():
+                        group[node] = group.get(node, 0) + value
+        return {
+            key: (sum(nodes.values()), dict(sorted(nodes.items()))) for key, nodes in parts.items()
+        }
+
+    def decide_batch(
+        self, spark: SparkSession, batch_id: int, counts: PendingCounts | None
+    ) -> list[QuotaEvent]:
+        """Decide batch ``batch_id`` (of the stream: every batch through it is read), whose
+        quota counters are ``counts`` (None: not counted, ``usage`` brings them later). The
+        decisions made (none for a replayed batch: they were made before)."""
+        if counts:
+            self.counted(batch_id, counts)
         first = self._recorded is None
         recorded = self._recorded = load_recorded(self.events.location) if first else self._recorded
         assert recorded is not None
@@ -227,7 +328,7 @@ class QuotaStep:
             republish |= self._tenants_of_batch(batch_id)
         else:
             now = self._quota.clock()
-            day_usage = self._day_totals(now.date(), committed)
+            day_usage = self.day_totals(now.date())
             limits = self._current_limits()
             events = decide(
                 totals={key: total for key, (total, _) in day_usage.items()},
@@ -237,33 +338,42 @@ class QuotaStep:
                 batch_id=batch_id,
                 warn_ratio=self._quota.warn_ratio,
             )
-            if events:
-                # A handful of decisions made on the driver: the one small write from there.
-                rows = spark.createDataFrame(
-                    [e.row() for e in events], schema=spark_schema(QUOTA_EVENTS_SCHEMA)
+            for event in events:
+                logger.info(
+                    "quota: tenant %s %s: %s (%d of %s)",
+                    event.tenant,
+                    event.metric,
+                    event.state,
+                    event.value,
+                    event.limit,
                 )
-                self.events.append(batch_id, rows)
-                for event in events:
-                    logger.info(
-                        "quota: tenant %s %s: %s (%d of %s)",
-                        event.tenant,
-                        event.metric,
-                        event.state,
-                        event.value,
-                        event.limit,
-                    )
-                    recorded[(event.tenant, event.metric)] = event
-                republish |= {event.tenant for event in events}
-            # The confirmed totals go with every decision and after every usage commit that
-            # moved a tenant's day (issue 14): the edges enforce the limits with them.
-            moved = {tenant for tenant, _, day in committed if day == now.date()}
+                recorded[(event.tenant, event.metric)] = event
+            republish |= {event.tenant for event in events}
+            # The confirmed totals go with every decision and after every batch that moved a
+            # tenant's day (issue 14): the edges enforce the limits with them.
+            moved = {tenant for tenant, _, day in counts or {} if day == now.date()}
             if first:  # after a start: every tenant's, as every decision is republished
                 moved |= {tenant for tenant, _ in day_usage}
             confirmed = confirmed_usage(moved | republish, day_usage, limits, now)
         messages = {usage_control_topic(t): [p] for t, p in confirmed.items()}
         messages |= {control_topic(t): decisions(t, recorded) for t in sorted(republish)}
+        if events:
+            # Sent before the (slow) commit, so the intent goes first: a crash before the
+            # commit leaves it, and the next start commits what the edges may have had.
+            self._intent.write(batch_id, events)
         self._publisher.publish(messages)  # errors are logged and retried next batch
+        if events:
+            self._record(spark, batch_id, events)
+            self._intent.clear()
         return events
+
+    def _record(self, spark: SparkSession, batch_id: int, events: list[QuotaEvent]) -> None:
+        """Commit ``events`` to ``quota_events`` as batch ``batch_id`` (a handful of decisions
+        made on the driver: the one small write from there)."""
+        rows = spark.createDataFrame(
+            [e.row() for e in events], schema=spark_schema(QUOTA_EVENTS_SCHEMA)
+        )
+        self.events.append(batch_id, rows)
 
     def _current_limits(self) -> Mapping[str, TenantLimits]:
         try:
@@ -276,20 +386,81 @@ class QuotaStep:
         self._limits = limits
         return limits
 
-    def _day_totals(self, day: date, committed: DayTotals) -> Mapping[tuple[str, str], DayUsage]:
-        if self._day != day:
-            self._totals = load_day_totals(self._usage_path, day)
-            self._day = day
-        else:
-            for (tenant, metric, when), total in committed.items():
-                if when == day:
-                    self._totals[(tenant, metric)] = total
-        return self._totals
-
     def _tenants_of_batch(self, batch_id: int) -> set[str]:
         sql = f"SELECT tenant FROM t WHERE batch_id = {batch_id:d}"  # noqa: S608 (an int)
         rows = query_table(self.events.location, sql)
         return set(rows.column("tenant").to_pylist())
+
+
+class Intent:
+    """The decisions of one batch, sent to the edges and not committed yet: a small JSON file
+    in the query's checkpoint directory, written atomically and synced before they are sent,
+    removed once ``quota_events`` holds them (None: kept nowhere, the tests' steps)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+
+    def write(self, batch_id: int, events: list[QuotaEvent]) -> None:
+        if self.path is None:
+            return
+        rows = [{**e.row(), "decided_at": e.decided_at.isoformat(), "date": None} for e in events]
+        doc = {"batch_id": batch_id, "events": rows}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = self.path.with_name(f".{self.path.name}.tmp")
+        with temporary.open("w", encoding="utf-8") as out:
+            out.write(json.dumps(doc))
+            out.flush()
+            os.fsync(out.fileno())
+        temporary.replace(self.path)
+
+    def read(self) -> tuple[int, list[QuotaEvent]] | None:
+        if self.path is None:
+            return None
+        try:
+            doc = json.loads(self.path.read_text(encoding="utf-8"))
+            events = [
+                QuotaEvent(
+                    tenant=row["tenant"],
+                    metric=row["metric"],
+                    limit=row["limit"],
+                    value=row["value"],
+                    state=row["state"],
+                    decided_at=datetime.fromisoformat(row["decided_at"]),
+                    batch_id=row["batch_id"],
+                )
+                for row in doc["events"]
+            ]
+            return int(doc["batch_id"]), events
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise PipelineConfigError(
+                f"{self.path}: not the quota decisions this pipeline wrote ({exc}); they were "
+                "sent to the edges but not committed: remove the file to go on without them"
+            ) from exc
+
+    def clear(self) -> None:
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
+
+
+def count_counters(counters: pa.Table) -> PendingCounts:
+    """Counter records (``COUNTER_RECORD_SCHEMA``, the route's) to what the usage step will add
+    for the quota counters: per (tenant, counter, date) each node's deltas summed."""
+    kept = counters.filter(
+        pc.and_(
+            pc.equal(counters.column("kind"), "counter"),
+            pc.is_in(counters.column("metric"), pa.array(sorted(QUOTA_COUNTERS))),
+        )
+    )
+    counts: PendingCounts = {}
+    if not kept.num_rows:
+        return counts
+    summed = kept.group_by(["tenant", "metric", "date", "node"]).aggregate([("delta", "sum")])
+    for row in summed.to_pylist():
+        nodes = counts.setdefault((row["tenant"], row["metric"], row["date"]), {})
+        nodes[row["node"]] = nodes.get(row["node"], 0) + int(row["delta_sum"])
+    return counts
 
 
 def load_recorded(path: LakePath | str, where: str | None = None) -> Recorded:

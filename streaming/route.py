@@ -213,6 +213,26 @@ def read_others(
     )
 
 
+def read_counters(options: dict[str, str], start: Offset, end: Offset) -> pa.Table:
+    """The counter records (:data:`COUNTER_RECORD_SCHEMA`, as the route makes them) of the
+    records ``start < seq <= end`` (per node), read here, on the driver, one read task's range
+    at a time (the quota lane, :mod:`streaming.quota_lane`). Only the records meant for the
+    usage step are routed: the route's steps are per record, so they get the rows the
+    executors' route gives them."""
+    reader = EdgebusStreamReader(SourceOptions.parse(options))
+    found: list[pa.Table] = []
+    for partition in reader.partitions(start, end):
+        batches = list(reader.read(partition))
+        if not batches:
+            continue
+        records = _table(batches)
+        wanted = pc.equal(_meant_for(records.column("topic")), usage.TABLE)
+        if not pc.any(wanted).as_py():
+            continue
+        found += [rows for dest, rows in route_parts(records.filter(wanted)) if dest == COUNTERS]
+    return pa.concat_tables(found) if found else COUNTER_RECORD_SCHEMA.empty_table()
+
+
 class RoutedJournal(EdgebusDataSource):
     """The ``edgebus`` journal source (same options, offsets and partitions) whose rows are
     routed: as a stream, the ``messages`` rows (:data:`MESSAGES_WIRE_SCHEMA`); as a batch read

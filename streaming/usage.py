@@ -1,5 +1,5 @@
-"""The usage step: the edges' ``$counters/{metric}`` records into the Delta ``usage`` table, then
-(when configured) the quota step of :mod:`streaming.quota` after every batch.
+"""The usage step: the edges' ``$counters/{metric}`` records into the Delta ``usage`` table;
+each commit tells the quota step (:mod:`streaming.quota`, when configured) what it holds.
 
 Theory of operation
 -------------------
@@ -77,10 +77,10 @@ from streaming.quota_settings import QuotaSettings
 from streaming.settings import PipelineSettings
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame
 
     from sinks.mqtt import DecisionPublisher
-    from streaming.quota import QuotaEvent, QuotaStep
+    from streaming.quota import QuotaStep
 
 logger = logging.getLogger(__name__)
 
@@ -486,7 +486,8 @@ def _partitions(touched: Iterable[tuple[str, date]]) -> str:
 
 
 class UsageStep:
-    """Upserts a micro-batch's counters into ``usage``, then runs the quota step (if any)."""
+    """Upserts a micro-batch's counters into ``usage``, then tells the quota step (if any) what
+    ``usage`` holds now (the quota step decides ahead of it: :mod:`streaming.quota_lane`)."""
 
     table = TABLE
 
@@ -508,16 +509,13 @@ class UsageStep:
 
     def __call__(
         self,
-        spark: SparkSession,
         batch_id: int,
         counters: DataFrame | None,
         touched: Collection[tuple[str, date]],
-    ) -> list[QuotaEvent]:
+    ) -> None:
         """Batch ``batch_id``'s counter records (None: the batch has none), of the partitions
-        (tenant, date) ``touched``, into ``usage``;
-        the quota step runs on every batch (a changed limit counts from the next batch). The
-        quota decisions it made (none without the quota step, or on a replay)."""
+        (tenant, date) ``touched``, into ``usage``; the quota step learns the day totals the
+        commit reports (every batch through ``batch_id`` is in ``usage`` now)."""
         totals = self.usage.write(batch_id, counters, touched) if counters is not None else {}
-        if self.quota is None:
-            return []
-        return self.quota.run(spark, batch_id, totals)
+        if self.quota is not None:
+            self.quota.committed(batch_id, totals)

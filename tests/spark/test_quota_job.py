@@ -8,6 +8,7 @@ import importlib.util
 import json
 import queue
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,9 +24,11 @@ from bench.brokers import free_port
 from broker_edge.plim import QuotaDecision
 from broker_edge.settings import EdgeSettings
 from sinks.delta import read_table
-from streaming import pipeline, quota
+from sinks.upsert import table_exists
+from streaming import pipeline, quota, quota_lane
 from streaming.quota_settings import QuotaSettings, TenantLimits
 from streaming.settings import PipelineSettings
+from streaming.usage import UsageStep
 
 pytestmark = pytest.mark.spark
 
@@ -342,3 +345,101 @@ class FailingLimits(Limits):
             self.failures += 1
             raise ValueError("tenants.toml: not valid TOML")
         return super().__call__()
+
+
+def acme_limited_to_100(edge: Any) -> QuotaSettings:
+    """Quota settings: acme may publish 100 messages a day, decisions go to ``edge``."""
+    return QuotaSettings(
+        load_limits=Limits({"acme": TenantLimits(messages_per_day=100)}),
+        operator_token="op-token",
+        brokers=(("127.0.0.1", edge.port),),
+        clock=lambda: NOW,
+    )
+
+
+def usage_messages_in(settings: PipelineSettings, tenant: str) -> int:
+    rows = read_table(settings.table_path("usage")).to_pylist()
+    return sum(r["value"] for r in rows if r["tenant"] == tenant and r["metric"] == "messages_in")
+
+
+def test_the_decision_waits_for_no_other_table(
+    edgebus_spark: SparkSession,
+    settings: PipelineSettings,
+    edge: Any,
+    clients: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 14: the quota step decides ahead of ``usage`` (streaming.quota_lane), on what
+    ``usage`` holds plus what the batches after it counted: a usage step that is stuck delays
+    no decision, and nothing is counted twice once it commits."""
+    gate = threading.Event()
+    gate.set()
+    step = UsageStep.__call__
+
+    def gated(self: UsageStep, *args: Any) -> Any:
+        assert gate.wait(120), "the test never opened the gate"
+        return step(self, *args)
+
+    monkeypatch.setattr(UsageStep, "__call__", gated)
+    journal = settings.journal_root
+    quota_settings = acme_limited_to_100(edge)
+    acme = clients("acme-1", "acme-dev")
+    write_counters(journal, "edge-a", [Counter("acme", "messages_in", 10, 60)])
+    query = pipeline.start(edgebus_spark, settings, quota_settings)
+    try:
+        query.processAllAvailable()  # every table: 60 in usage, under the limit
+        assert usage_messages_in(settings, "acme") == 60
+        assert not table_exists(settings.table_path(quota.TABLE))
+        assert acme.publish_qos1("fleet/truck-1/telemetry", b"fine") == 0
+
+        gate.clear()  # the usage step sticks: the next commit waits
+        write_counters(journal, "edge-b", [Counter("acme", "messages_in", 20, 50)])
+        query.query.processAllAvailable()  # the stream has the batch...
+        assert query.fanout.quota is not None
+        query.fanout.quota.drain(60)  # ...and the quota step decided it
+        assert states(settings) == [("acme", "messages_per_day", "blocked", 110, 100)]
+        assert usage_messages_in(settings, "acme") == 60  # not in usage yet
+        refused = acme.publish_qos1("fleet/truck-1/telemetry", b"over")
+        assert refused == QUOTA_EXCEEDED
+
+        gate.set()
+        query.processAllAvailable()
+    finally:
+        gate.set()
+        query.stop()
+    assert usage_messages_in(settings, "acme") == 110
+    assert states(settings) == [("acme", "messages_per_day", "blocked", 110, 100)]
+
+
+def test_decisions_sent_before_a_crash_are_committed_at_the_next_start(
+    edgebus_spark: SparkSession,
+    settings: PipelineSettings,
+    edge: Any,
+    clients: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The decisions go to the edges before their (slow) commit, so their intent is written
+    first: a crash between the two leaves it, and the next start commits what was sent."""
+    quota_settings = acme_limited_to_100(edge)
+    acme = clients("acme-1", "acme-dev")
+    write_counters(settings.journal_root, "edge-a", [Counter("acme", "messages_in", 10, 150)])
+    intent = settings.checkpoint_path(pipeline.JOB) / quota_lane.INTENT_FILE
+
+    def crash(*args: Any) -> None:
+        raise RuntimeError("the process died before the commit")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(quota.QuotaStep, "_record", crash)
+        query = pipeline.start(edgebus_spark, settings, quota_settings)
+        try:
+            with pytest.raises(Exception, match="died before the commit"):
+                query.processAllAvailable()
+        finally:
+            query.stop()
+    assert intent.exists()
+    assert not table_exists(settings.table_path(quota.TABLE))
+    assert acme.publish_qos1("fleet/truck-1/telemetry", b"over") == QUOTA_EXCEEDED  # sent
+
+    run_once(edgebus_spark, settings, quota_settings)
+    assert states(settings) == [("acme", "messages_per_day", "blocked", 150, 100)]
+    assert not intent.exists()

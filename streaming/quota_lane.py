@@ -1,0 +1,108 @@
+"""The quota step ahead of the ``usage`` table: each batch's quota counters counted on the
+driver as the stream hands the batch over, so a decision waits for no table but its own.
+
+Theory of operation
+-------------------
+The other tables are written behind the stream (:mod:`streaming.others`); a ``usage`` commit
+costs seconds and a write of the other tables catches up several batches at once, so a quota
+step that ran after it reacted 10-47 s after a tenant crossed its limit (BENCHMARKS.md, issue
+14). The lane takes each batch from the stream's ``foreachBatch`` as it begins (its journal
+range, from the checkpoint's offset log: the counter records are durable in the journals, so
+they need not wait for the ``messages`` commit) and, in a thread of its own, beside that write:
+
+1. reads the range's counter records here, on the driver (:func:`streaming.route.read_counters`:
+   the journal read of the source, only the records meant for the usage step routed, so the
+   same counter records the executors' route gives the usage step), and sums each node's
+   deltas of the quota counters (:func:`streaming.quota.count_counters`): a few rows per
+   tenant and counter interval, however many messages the batch holds;
+2. hands them to :meth:`streaming.quota.QuotaStep.decide_batch`, which decides on what
+   ``usage`` holds plus what was counted ahead of it, publishes the decisions and the
+   confirmed totals, and records the decisions in ``quota_events`` (batch id: the stream's;
+   sent first, with an intent written before, :class:`streaming.quota.Intent`).
+
+When the usage step commits batches, :meth:`~streaming.quota.QuotaStep.committed` replaces
+the counts ahead of it by the day totals ``usage`` reports: the totals the lane decides on are
+those the usage table will hold, never counted twice or missed (both sum the same counter
+records per node, and a batch's counts are dropped once ``usage`` holds it).
+
+Batches that queue up while the lane works are read in one range and decided once, as the
+newest of them. Every batch is decided, with or without counter records (a changed limit
+counts from the next batch). When the range cannot be read (an edge that served it is gone
+meanwhile) the lane logs it and decides without those counts: the usage commit brings them,
+and the next batch decides on them.
+A replayed batch that ``quota_events`` holds is not decided again: its decisions are sent again.
+A batch whose ``messages`` write fails stops the query: the run's counts go with it, and the
+next run starts from what ``usage`` holds.
+
+The lane's failure fails the stream's next batch, like the other tables'; ``drain`` waits for
+what was handed over (``processAllAvailable`` means decided too).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ingest.source import Offset, SourceError
+from streaming import route
+from streaming.behind import Behind
+from streaming.quota import PendingCounts, QuotaStep, count_counters
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from streaming.metrics import PipelineMetrics
+
+logger = logging.getLogger(__name__)
+
+# The decisions sent and not committed yet, in the query's checkpoint directory
+# (:class:`streaming.quota.Intent`).
+INTENT_FILE = "quota_intent"
+
+
+class QuotaLane(Behind[tuple[int, Offset, Offset, bool]]):
+    """Decides quota states batch by batch, ahead of ``usage`` (see the module's docstring);
+    handed ``(batch id, its range's start and end, whether it may hold counter records)``."""
+
+    what = "the quota step"
+    thread_name = "quota-lane"
+
+    def __init__(
+        self,
+        step: QuotaStep,
+        checkpoint: Path,
+        journals: dict[str, str],
+        metrics: PipelineMetrics | None = None,
+    ) -> None:
+        super().__init__()
+        self._step = step
+        self._intent = checkpoint / INTENT_FILE
+        self._journals = journals  # the journal source's options, for the reads here
+        self._metrics = metrics
+
+    def start(self, spark: SparkSession, usage_through: int) -> None:
+        """Before the query starts: ``usage`` holds every batch through ``usage_through``."""
+        self._step.start(spark, usage_through, self._intent)
+        self._start_thread(spark)
+
+    def hand(self, batch_id: int, start: Offset, end: Offset, records: bool) -> None:
+        """Batch ``batch_id`` (records ``start < seq <= end``) is read; ``records``: it has
+        any. Raises the lane's failure."""
+        self._hand((batch_id, start, end, records))
+
+    def _work(self, spark: SparkSession, taken: list[tuple[int, Offset, Offset, bool]]) -> None:
+        """The batches ``taken`` (in order, consecutive) as one: one read, one decision."""
+        batch_id = taken[-1][0]
+        start, end = taken[0][1], taken[-1][2]
+        counts = self._count(start, end) if any(may for *_, may in taken) else {}
+        events = self._step.decide_batch(spark, batch_id, counts)
+        if self._metrics is not None:
+            self._metrics.quota_decided(events)
+
+    def _count(self, start: Offset, end: Offset) -> PendingCounts | None:
+        try:
+            return count_counters(route.read_counters(self._journals, start, end))
+        except (SourceError, OSError) as exc:
+            logger.warning("quota: cannot count ahead of usage (%s); usage brings them", exc)
+            return None
