@@ -28,7 +28,9 @@ committed, older than ``journal_retention_hours``) frees space. ``on_state`` tel
 Retention also keeps what the mesh's peers have not acknowledged (the journal is their
 replication log, broker_edge.mesh: an origin that restarts rebuilds each peer's unacknowledged
 messages from it): ``peer_acked`` (per peer node, the seq at or below which it acknowledged all
-it was due; set on the loop by the mesh) holds back every segment with a record after the lowest.
+it was due; set on the loop by the mesh) holds back every segment with a record after the lowest
+(a peer away longer than ``edge.peer_expiry_hours`` is not in it: broker_edge.mesh, "Peers gone
+for good").
 Chosen where the issues are silent: one peer away for long must not fill the disk forever, so
 the disk budget wins. While the journal is over its budget and a segment the lake committed (and
 old enough) is held only for peers, the oldest such segments go, one at a time until it is under

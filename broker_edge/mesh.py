@@ -118,12 +118,13 @@ change of a peer's filters within a second or two; until then the change is in t
 it), synced before any publish read after it is acknowledged (its sync is queued on the loop before
 the journal's report of that publish), and applied at restore before the records after that seq are
 replayed: an origin killed a moment after a peer told it a new filter still sends that peer every
-message it acknowledged since. The journal is read from the oldest peer's ``acked`` at start: a peer
-away for long (or gone for good) makes that read long. A receiver acknowledges a QoS 1/2 message at
-once when no persistent session took it (a clean session does not outlive a restart anyway), else
-only once a snapshot holding its sessions with the message in them, and its Dedup past it, is
-durable (:class:`AckGate`; the edge snapshots every second while acks wait): a receiver killed
-before that has not acknowledged it, so its origin sends it again. Such a message is in the
+message it acknowledged since. The journal is read from the oldest peer's ``acked`` at start (a
+forgotten peer's is not: below), so a peer away makes that read at most its expiry long. A
+receiver acknowledges a QoS 1/2 message at once when no persistent session took it (a clean
+session does not outlive a restart anyway), else only once a snapshot holding its sessions with
+the message in them, and its Dedup past it, is durable (:class:`AckGate`; the edge snapshots
+every second while acks wait): a receiver killed before that has not acknowledged it, so its
+origin sends it again. Such a message is in the
 receiver's session log (:mod:`broker_edge.receipts`) before any subscriber sees it: the restore puts
 it back where it was in each session and moves Dedup past it, so the copy sent again is dropped (a
 session gets it again only as the MQTT redelivery of what its subscriber had not acknowledged).
@@ -139,6 +140,30 @@ the oldest segments the lake committed go even so (see broker_edge.durability), 
 that had not acknowledged their records gives them up (dropped from its Unacked, counted in
 ``publish/unacked_dropped``) with a ``peer_dropped`` event in the operator's ``$log`` naming the
 peer and the seqs.
+
+Peers gone for good. The budget alone lets a dead peer (decommissioned with its entry left in
+``edge.peers``, or down for days) hold every edge's journal until it is full, each edge then
+refusing publishes at every turn of the budget. So each edge tracks since when each peer has
+been away (:class:`Absences`: its link to this origin, the one its acks come on, down; since it
+was last up) and *forgets* a peer away longer than ``edge.peer_expiry_hours`` (default 24; 0:
+never): what it is due is given up (counted in ``publish/unacked_dropped``), nothing is kept
+for it any more, the journal's floor ignores it, and the operator's ``$log`` gets one
+``peer_forgotten`` (the peer, how long it was away, how many messages it gave up); ``$SYS``
+shows its ``inbound/{node}`` as ``forgotten``. When it was last up is in the snapshot's mesh state
+(a snapshot follows a link going down within a second), so a restart of this edge does not
+reset the clock (a peer of a snapshot without it counts from the restore); forgotten stays
+forgotten across restarts, its Unacked is not rebuilt. No peer is forgotten before this edge has
+run ``min(START_GRACE, expiry)``: after this edge's own downtime, a peer that is up gets its
+chance to dial in first. A forgotten peer that comes back is not refused: its link comes up
+(``link_up``) and its filters were kept; its SYNCED seq (the highest of this origin it had)
+starts a rescan of the journal as for filters subscribed while its link was down
+(:class:`CatchUp`), but for every filter it held, whatever its time: it gets what the journal
+still holds of what it is due (what retention removed meanwhile is gone, and logged). While a
+rescan for a peer runs, the journal keeps what follows the SYNCED seq. Chosen where the issues
+are silent: a time rather than a size (a peer down for a day is gone whatever the traffic, and
+a peer back within the expiry loses nothing, as before); the peer's filters are kept rather
+than dropped, so its return gets what the journal holds for them, not only what its sessions
+subscribe to from then on (as a new peer would).
 """
 
 from __future__ import annotations
@@ -215,6 +240,9 @@ DECIDED_PREFIXES = (CONTROL_TOPIC_PREFIX, USAGE_CONTROL_TOPIC_PREFIX)
 # Messages waiting for one peer's acknowledgement at most (the oldest go first beyond).
 MAX_UNACKED = 100_000
 MAX_UNACKED_BYTES = 64 * 2**20
+# Seconds an edge runs before it forgets any peer (Absences): a peer that is up redials within
+# its backoff (meshlink.BACKOFF_MAX, +20 %) and a handshake, well within this.
+START_GRACE = 60.0
 # Frames before a link is admitted are small (a HELLO): an unknown peer cannot make us buffer.
 MAX_HELLO_FRAME = 4096
 
@@ -974,7 +1002,8 @@ class Unacked:
                 self.bytes -= len(data)
 
     def give_up(self, upto: int) -> int:
-        """Drop every frame at or below ``upto`` (the journal no longer holds them); how many."""
+        """Drop every frame at or below ``upto`` (the journal no longer holds them, or the peer
+        is forgotten); how many."""
         frames = self.frames
         gone = 0
         while frames:
@@ -1064,6 +1093,56 @@ class AckGate:
         return bool(self.held)
 
 
+class Absences:
+    """Since when each peer has been away, and which are forgotten (see the theory of
+    operation, "Peers gone for good"); wall-clock microseconds, given, never read here.
+
+    A peer is away while its link to this origin (the one it dialed, where its acks come) is
+    down, since it was last up; one away longer than ``expiry_us`` (0: never) is forgotten,
+    but not before this edge has run ``min(grace_us, expiry_us)`` since ``started_us``: a peer
+    that is up had its chance to dial in again after this edge's own downtime."""
+
+    def __init__(self, expiry_us: int, started_us: int, grace_us: int) -> None:
+        self.expiry_us = expiry_us
+        self.not_before = started_us + min(grace_us, expiry_us)
+        self.since: dict[str, int] = {}  # by node, for the peers away: since when
+        self.forgotten: set[str] = set()
+
+    def restore(self, node: str, seen_us: int | None, forgotten: bool, now_us: int) -> None:
+        """A peer of a snapshot, last seen up at ``seen_us`` (None: not known, as in a snapshot
+        of an earlier release: away from now on), forgotten still if it was."""
+        self.since[node] = now_us if seen_us is None else min(seen_us, now_us)
+        if forgotten:
+            self.forgotten.add(node)
+
+    def up(self, node: str) -> bool:
+        """``node``'s link is up; True if it was forgotten (it is not any more)."""
+        self.since.pop(node, None)
+        if node not in self.forgotten:
+            return False
+        self.forgotten.discard(node)
+        return True
+
+    def down(self, node: str, now_us: int) -> None:
+        self.since.setdefault(node, now_us)
+
+    def seen(self, node: str, now_us: int) -> int:
+        """When ``node`` was last up (now if it is)."""
+        return self.since.get(node, now_us)
+
+    def expire(self, now_us: int) -> list[tuple[str, int]]:
+        """The peers forgotten now, each with how long it has been away."""
+        if not self.expiry_us or now_us < self.not_before:
+            return []
+        gone = [
+            (node, now_us - since)
+            for node, since in sorted(self.since.items())
+            if node not in self.forgotten and now_us - since > self.expiry_us
+        ]
+        self.forgotten.update(node for node, _ in gone)
+        return gone
+
+
 class MeshStateError(EdgeError):
     """A snapshot's mesh state is not one (the snapshot is corrupt)."""
 
@@ -1072,11 +1151,15 @@ class MeshStateError(EdgeError):
 class PeerState:
     """What an origin keeps of one peer across its restarts: every QoS 1/2 message at or below
     ``acked`` the peer was due is acknowledged; ``filters``: per tenant, what it wanted;
-    ``shares``: per tenant, its shares as ``[group, filter, connected members]``."""
+    ``shares``: per tenant, its shares as ``[group, filter, connected members]``; ``seen_us``:
+    when its link was last up (wall clock; None: not known); ``forgotten``: away too long
+    (:class:`Absences`)."""
 
     acked: int
     filters: dict[str, list[str]]
     shares: dict[str, list[list[str | int]]] = dataclasses.field(default_factory=dict)
+    seen_us: int | None = None
+    forgotten: bool = False
 
     def routes(self) -> PeerRoutes:
         """The filters as the routes of the peer (MeshStateError for a bad one)."""
@@ -1101,7 +1184,13 @@ class MeshState:
 
     def doc(self) -> dict[str, object]:
         peers = {
-            node: {"acked": peer.acked, "filters": peer.filters, "shares": peer.shares}
+            node: {
+                "acked": peer.acked,
+                "filters": peer.filters,
+                "shares": peer.shares,
+                "seen": peer.seen_us,
+                "forgotten": peer.forgotten,
+            }
             for node, peer in sorted(self.peers.items())
         }
         return {"peers": peers, "delivered": dict(sorted(self.delivered.items()))}
@@ -1121,8 +1210,8 @@ class MeshState:
 
     def floor(self) -> int | None:
         """Where the journal must be read from to rebuild every peer's Unacked (None: no
-        peer)."""
-        return min((peer.acked for peer in self.peers.values()), default=None)
+        peer it keeps anything for: a forgotten one is due nothing)."""
+        return min((peer.acked for peer in self.peers.values() if not peer.forgotten), default=None)
 
 
 def _peer_state(node: object, doc: object) -> PeerState:
@@ -1146,10 +1235,16 @@ def _peer_state(node: object, doc: object) -> PeerState:
         for held in shares.values()
     ):
         raise MeshStateError(f"mesh: peer {node!r}: shares must be [group, filter, n] lists")
+    seen = doc.get("seen")  # a snapshot of an earlier release has neither
+    forgotten = doc.get("forgotten", False)
+    if (seen is not None and (type(seen) is not int or seen < 0)) or type(forgotten) is not bool:
+        raise MeshStateError(f"mesh: peer {node!r}: seen must be a time, forgotten true/false")
     return PeerState(
         acked,
         {str(tenant): list(held) for tenant, held in filters.items()},
         {str(tenant): list(held) for tenant, held in shares.items()},
+        seen,
+        forgotten,
     )
 
 
@@ -1186,6 +1281,7 @@ __all__ = [
     "SYNCED",
     "TAKEN",
     "WELCOME",
+    "Absences",
     "AckGate",
     "CatchUp",
     "Dedup",

@@ -10,7 +10,8 @@ sessions want, rebuilds what its peers had not acknowledged from the journal whe
 starts (:meth:`Mesh.restore`, :meth:`Mesh.replay`), sends a peer whose link comes up every
 retained message and tombstone that crosses to it (:meth:`Mesh._send_retained`), publishes
 ``link_up`` / ``link_down`` / ``link_refused`` in the operator's ``$log`` and keeps each peer's
-state for ``$SYS/broker/mesh/peers/{HOST:PORT}``.
+state for ``$SYS/broker/mesh/peers/{HOST:PORT}``, and forgets the peers away longer than
+``edge.peer_expiry_hours`` (:meth:`Mesh.expire`, ``peer_forgotten``).
 
 Writes are batched: a link's frames wait in its ``out`` until the end of the loop iteration,
 then go in one ``transport.write``.
@@ -33,6 +34,7 @@ from broker_edge import handover, mesh
 from broker_edge.handover import Assembly, Claim, Version, Waiting
 from broker_edge.logtext import printable, truncated
 from broker_edge.mesh import (
+    Absences,
     AckGate,
     Dedup,
     FrameBuffer,
@@ -70,8 +72,9 @@ LINK_KEEPALIVE = 5.0
 # at most: a dialer sends it at once, but one that never does must not stop the link.
 SYNC_WAIT = 5.0
 
-# A link's states as $SYS shows them.
+# A link's states as $SYS shows them; a peer away too long (its inbound link) is forgotten.
 CONNECTING, UP, DOWN, REFUSED = "connecting", "up", "down", "refused"
+FORGOTTEN = "forgotten"
 
 
 class Link(asyncio.Protocol):
@@ -96,6 +99,7 @@ class Link(asyncio.Protocol):
         # merged into its Unacked (Mesh._catch_up): what goes to it waits here, in order.
         self.held: list[bytes] | None = None
         self.told = False  # accepted: the dialer's whole set of filters is here (SYNCED)
+        self.returning = False  # accepted: the dialer was forgotten (Mesh.expire) till now
         self.acks: list[int] = []
         self.sessions = Assembly()  # dialed: the SESSION frames of an answer being read
         self._loop = asyncio.get_running_loop()
@@ -225,6 +229,7 @@ class Mesh:
         # (Mesh._catch_up): its link's frames are held until none is running.
         self.catching: dict[str, int] = {}
         self.caught_up = 0  # QoS 1/2 messages a rescan found for such filters
+        self._rescan_from: dict[str, int] = {}  # ... the lowest seq it reads after, per peer
         self._rescans: set[asyncio.Task[None]] = set()
         # By peer node, on the origin's side: what it wants, what it has not acknowledged.
         self.routes: dict[str, PeerRoutes] = {}
@@ -237,8 +242,15 @@ class Mesh:
         self.pending: deque[int] = deque()
         self.dedup = Dedup()
         self.gate = AckGate()  # on the receiver's side: acks waiting for a durable snapshot
-        # A peer's filters changed since the last snapshot (the node snapshots soon).
-        self.filters_changed = False
+        # A peer's filters or away clock changed since the last snapshot (the node snapshots
+        # soon).
+        self.state_changed = False
+        # Peers away, and forgotten once away longer than edge.peer_expiry_hours (wall clock).
+        self.absences = Absences(
+            round(settings.peer_expiry_hours * 3600e6),
+            broker.wall_clock_us(),
+            round(mesh.START_GRACE * 1e6),
+        )
         # While the node restores: the journal records after these seqs are each peer's due.
         self._replay_after: dict[str, int] = {}
         self.replayed = 0  # QoS 1/2 messages taken back from the journal for peers at start
@@ -337,6 +349,8 @@ class Mesh:
         elif node is not None and self.inbound.get(node) is link:
             del self.inbound[node]
             self.inbound_states[node] = DOWN
+            self.absences.down(node, self.broker.wall_clock_us())
+            self.state_changed = True  # when it was last up: in the next snapshot
             self.on_state()
             self._unanswered(node)
             self._take_back(node)
@@ -467,14 +481,18 @@ class Mesh:
             routes = self.routes[node]
             routes.apply(change.tenant, change.add, change.remove, change.at)
             routes.apply_shares(change.tenant, change.shares, change.unshared)
-            self.filters_changed = True
+            self.state_changed = True
             # Durable before any publish read after it is acknowledged (broker_edge.mesh:
             # "Restarts"): an origin killed before its next snapshot still knows the filter.
             self.broker.log_peer_change(node, mesh.interest_doc(change))
         elif kind == mesh.SYNCED:
             seen = mesh.parse_synced(body)
-            new = self.routes[node].end()
-            self.filters_changed = True
+            routes = self.routes[node]
+            held = _filter_keys(routes) if link.returning else set()
+            new = routes.end()
+            if held:  # forgotten till now: what it held is due again, whatever its time
+                new.update(dict.fromkeys(held & _filter_keys(routes), 0))
+            self.state_changed = True
             if link.told:  # too late (_sync_overdue): what was sent is not sent again
                 log.warning("link in from %s: its filters came after %g s", node, SYNC_WAIT)
                 return
@@ -521,6 +539,10 @@ class Mesh:
         link.up = True
         link.frames.max_frame = self.max_frame
         self.inbound[hello.node] = link
+        if self.absences.up(hello.node):  # back: linked as any (broker_edge.mesh)
+            link.returning = True
+            self.state_changed = True
+            log.info("link in from %s: a forgotten peer is back", hello.node)
         # The peer sends all it wants next; what it wanted before routes until that is here.
         self.routes.setdefault(hello.node, PeerRoutes()).begin()
         self.unacked.setdefault(hello.node, Unacked())
@@ -570,8 +592,11 @@ class Mesh:
         every = where == mesh.EVERY or message.retain
         kept, given = self._split(message)
         if message.qos:
+            forgotten = self.absences.forgotten  # nothing is kept for them (until they are back)
             nodes = [
-                n for n, r in self.routes.items() if every or n in given or r.wants(tenant, topic)
+                n
+                for n, r in self.routes.items()
+                if (every or n in given or r.wants(tenant, topic)) and n not in forgotten
             ]
             if nodes:
                 self._when_durable(message, nodes, given)
@@ -600,8 +625,9 @@ class Mesh:
         tenant = message.tenant
         topic = message.topic
         peers = {}
+        forgotten = self.absences.forgotten  # their members get nothing until they are back
         for node, routes in self.routes.items():
-            if routes.has_shares(tenant):
+            if routes.has_shares(tenant) and node not in forgotten:
                 found = routes.shared(tenant, topic)
                 if found:
                     peers[node] = found
@@ -638,7 +664,10 @@ class Mesh:
         pending = self.pending
         if pending and pending[0] == seq:
             pending.popleft()
+        forgotten = self.absences.forgotten
         for node, data in frames.items():
+            if node in forgotten:  # forgotten since the publish was routed
+                continue
             self.unacked[node].add(seq, data)
             link = self.inbound.get(node)
             if link is not None and link.held is None:  # held: it goes with its Unacked
@@ -660,6 +689,9 @@ class Mesh:
             return
         catch_up = mesh.CatchUp(seen, new)
         self.catching[node] = self.catching.get(node, 0) + 1
+        # Retention keeps what the rescan reads until it is done (tell_acked).
+        self._rescan_from[node] = min(seen, self._rescan_from.get(node, seen))
+        self.tell_acked()
 
         def read() -> None:
             task = asyncio.get_running_loop().create_task(self._rescan(node, catch_up, upto))
@@ -709,6 +741,7 @@ class Mesh:
             self.catching[node] = left
         else:
             del self.catching[node]
+            del self._rescan_from[node]
         self._release(node)
 
     def _release(self, node: str) -> None:
@@ -727,13 +760,46 @@ class Mesh:
 
     def tell_acked(self) -> None:
         """Tell the journal what each peer acknowledged: retention keeps every record after
-        the lowest (broker_edge.mesh: "Retention"). A value told may only be too low (safe):
-        every seq a peer is due later is above it."""
+        the lowest (broker_edge.mesh: "Retention"), and what a rescan for a peer reads, but
+        nothing for a forgotten peer. A value told may only be too low (safe): every seq a peer
+        is due later is above it."""
         journal = self.broker.journal
         upto = journal.durable_seq
         if self.pending:  # durable, and not yet in Unacked (_durable has not run)
             upto = min(upto, self.pending[0] - 1)
-        journal.peer_acked = {node: u.acked(upto) for node, u in self.unacked.items()}
+        forgotten = self.absences.forgotten
+        acked = {node: u.acked(upto) for node, u in self.unacked.items() if node not in forgotten}
+        for node, seen in self._rescan_from.items():
+            acked[node] = min(acked.get(node, seen), seen)
+        journal.peer_acked = acked
+
+    def expire(self) -> None:
+        """Forget the peers away longer than ``edge.peer_expiry_hours`` (every second): what
+        each is due is given up, the journal keeps nothing more for it, the operator's
+        ``$log`` gets ``peer_forgotten`` (broker_edge.mesh, "Peers gone for good")."""
+        gone = self.absences.expire(self.broker.wall_clock_us())
+        if not gone:
+            return
+        expiry_hours = self.absences.expiry_us / 3600e6
+        for node, away_us in gone:
+            unacked = self.unacked[node]
+            dropped = unacked.give_up(max(unacked.frames, default=0))
+            self.inbound_states[node] = FORGOTTEN
+            away = away_us / 1e6
+            log.warning(
+                "peer %s away for %.1f h (edge.peer_expiry_hours %g): forgotten, %d message(s) "
+                "it was due given up; the journal no longer keeps anything for it",
+                node,
+                away / 3600,
+                expiry_hours,
+                dropped,
+            )
+            details = {"peer": node, "away_seconds": round(away, 1), "dropped": dropped}
+            self.broker.log(OPERATOR_TENANT, "peer_forgotten", "", details, origin="mesh")
+        self.broker.flush_dirty()
+        self.state_changed = True  # forgotten: in the next snapshot
+        self.on_state()
+        self.tell_acked()
 
     def gave_up(self, node: str, first: int, last: int) -> None:
         """The journal, over its budget, removed records ``first..last`` that ``node`` had not
@@ -766,11 +832,19 @@ class Mesh:
 
     def state(self, snapshot_seq: int) -> MeshState:
         """What a snapshot of the node's state up to journal record ``snapshot_seq`` holds."""
-        self.filters_changed = False
+        self.state_changed = False
         self._taking_covered = len(self.taking)
         upto = snapshot_seq if not self.pending else min(snapshot_seq, self.pending[0] - 1)
+        now = self.broker.wall_clock_us()
+        absences = self.absences
         peers = {
-            node: PeerState(self.unacked[node].acked(upto), routes.filters(), routes.shares.state())
+            node: PeerState(
+                self.unacked[node].acked(upto),
+                routes.filters(),
+                routes.shares.state(),
+                absences.seen(node, now),
+                node in absences.forgotten,
+            )
             for node, routes in self.routes.items()
         }
         return MeshState(peers, dict(self.dedup.last))
@@ -779,10 +853,15 @@ class Mesh:
         """Before the journal is replayed (:meth:`replay`): the peers' filters and what each
         acknowledged, this node's Dedup as a receiver."""
         self.dedup.restore(state.delivered)
+        now = self.broker.wall_clock_us()
         for node, peer in state.peers.items():
             self.routes[node] = peer.routes()
             self.unacked[node] = Unacked()
-            self._replay_after[node] = peer.acked
+            self.absences.restore(node, peer.seen_us, peer.forgotten, now)
+            if peer.forgotten:  # due nothing till it is back (broker_edge.mesh)
+                self.inbound_states[node] = FORGOTTEN
+            else:
+                self._replay_after[node] = peer.acked
 
     def replay(self, message: Message) -> None:
         """A journal record at restore: kept for each peer that wants it and had not
@@ -821,11 +900,12 @@ class Mesh:
                 routes = self.routes[node] = PeerRoutes()
                 self.unacked[node] = Unacked()
                 self._replay_after[node] = seq
+                self.absences.restore(node, None, False, self.broker.wall_clock_us())
             routes.apply(change.tenant, change.add, change.remove)
             routes.apply_shares(change.tenant, change.shares, change.unshared)
         except MeshProtocolError as exc:
             raise MeshStateError(f"session log: peer {node!r}: {exc}") from exc
-        self.filters_changed = True  # the next snapshot holds it
+        self.state_changed = True  # the next snapshot holds it
 
     def replayed_all(self) -> None:
         """The journal was replayed to its end."""
@@ -1036,6 +1116,11 @@ def _matching(directory: Path, node: str, catch_up: mesh.CatchUp, upto: int) -> 
             if len(found) > mesh.MAX_UNACKED:
                 found.popitem(last=False)
     return found
+
+
+def _filter_keys(routes: PeerRoutes) -> set[tuple[str, str]]:
+    """The filters ``routes`` hold, as (tenant, filter)."""
+    return {(tenant, f) for tenant, held in routes.filters().items() for f in held}
 
 
 def _frames(message: Message, nodes: list[str], given: dict[str, list[Share]]) -> dict[str, bytes]:

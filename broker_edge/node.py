@@ -396,10 +396,12 @@ class EdgeNode:
         while True:
             await asyncio.sleep(HOUSEKEEPING_INTERVAL)
             if self.mesh is not None:
+                self.mesh.expire()  # peers away longer than edge.peer_expiry_hours
                 self.mesh.tell_acked()  # what peers acknowledged moves on without ACKs too
             stale = committer.appended_seq > self._snapshot_seq and loop.time() - last >= interval
-            # A peer's filters changed, or acks wait for a snapshot (broker_edge.mesh).
-            mesh = self.mesh is not None and (self.mesh.filters_changed or bool(self.mesh.gate))
+            # A peer's filters or away clock changed, or acks wait for a snapshot
+            # (broker_edge.mesh).
+            mesh = self.mesh is not None and (self.mesh.state_changed or bool(self.mesh.gate))
             if broker.state_changed or stale or mesh:
                 await self._snapshot()
                 last = loop.time()

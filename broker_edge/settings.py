@@ -112,6 +112,9 @@ class EdgeSettings:
     # What links authenticate with when there is no tenants file (with one: its operator
     # token). An edge with neither refuses links. At least 16 characters.
     mesh_token: str = ""
+    # A peer whose link to this edge has been down this long is forgotten: the journal no longer
+    # keeps what it has not acknowledged (broker_edge.mesh, "Peers gone for good"); 0 = never.
+    peer_expiry_hours: float = 24.0
 
     def __post_init__(self) -> None:
         _require(0 <= self.port <= 65_535, "edge.port", f"must be 0..65535, got {self.port}")
@@ -193,6 +196,11 @@ class EdgeSettings:
             math.isfinite(self.handshake_refusal_interval) and self.handshake_refusal_interval > 0,
             "edge.handshake_refusal_interval",
             f"must be a number of seconds > 0, got {self.handshake_refusal_interval}",
+        )
+        _require(
+            math.isfinite(self.peer_expiry_hours) and self.peer_expiry_hours >= 0,
+            "edge.peer_expiry_hours",
+            f"must be a number of hours >= 0 (0: never), got {self.peer_expiry_hours}",
         )
         _require(
             math.isfinite(self.sys_interval) and self.sys_interval >= 0,

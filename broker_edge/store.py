@@ -21,7 +21,8 @@ the (all offline) persistent sessions whose subscriptions match, which queues it
   journal order; the node also snapshots within a second of such a change, to keep it short.
 
 A snapshot also holds the edge mesh's state (:class:`broker_edge.mesh.MeshState`: what each
-peer acknowledged and wants, what was delivered here from each origin), which the node gives
+peer acknowledged and wants, when it was last up and whether it is forgotten, what was
+delivered here from each origin), which the node gives
 the mesh back before the journal is replayed.
 
 Snapshots are written atomically (temporary file, fsync, rename, fsync of the directory); a

@@ -44,6 +44,9 @@ LOG_EVENTS = frozenset(
         # A journal over its disk budget removed records a peer had not acknowledged
         # (broker_edge.durability): they are dropped for it.
         "peer_dropped",
+        # A peer away longer than edge.peer_expiry_hours: the journal keeps nothing for it any
+        # more (broker_edge.mesh, "Peers gone for good").
+        "peer_forgotten",
     }
 )
 

@@ -18,6 +18,7 @@ def test_example_files_load() -> None:
     assert edge.sys_interval == 10.0
     assert (edge.journal_max_bytes, edge.journal_min_free_bytes) == (10 * 2**30, 2**30)
     assert edge.journal_retention_hours == 24.0
+    assert edge.peer_expiry_hours == 24.0
     pipe = load_pipeline(CONF / "pipeline.toml", {})
     assert pipe.journal_root == Path("data/journal")
     assert pipe.checkpoint_path("history") == Path("lake/_checkpoints/history")
@@ -28,6 +29,9 @@ def test_flags_override_file_and_defaults_sit_beneath(tmp_path: Path) -> None:
     edge = load_edge(CONF / "edge.toml", {"port": 0, "node_id": None}, {"node_id": "host"})
     assert (edge.port, edge.node_id) == (0, "edge-1")
     assert load_edge(None, {}, {"node_id": "host"}).node_id == "host"
+    never = tmp_path / "never.toml"
+    never.write_text("[edge]\npeer_expiry_hours = 0\n")  # an integer is a number of hours
+    assert load_edge(never, {}).peer_expiry_hours == 0.0
 
 
 @pytest.mark.parametrize(
@@ -56,6 +60,10 @@ def test_flags_override_file_and_defaults_sit_beneath(tmp_path: Path) -> None:
         ("[edge]\npeers = ['h:1', 'h:1']\n", "edge.peers: lists a peer twice"),
         ("[edge]\nmesh_token = 'short'\n", "edge.mesh_token: must be at least 16"),
         ("[edge]\nmesh_token = 7\n", "edge.mesh_token: must be a string"),
+        ("[edge]\npeer_expiry_hours = -1\n", "edge.peer_expiry_hours: must be a number of hours"),
+        ("[edge]\npeer_expiry_hours = nan\n", "edge.peer_expiry_hours: must be a number of hours"),
+        ("[edge]\npeer_expiry_hours = '24h'\n", "edge.peer_expiry_hours: must be a number"),
+        ("[edge]\npeer_expiry_hours = true\n", "edge.peer_expiry_hours: must be a number"),
         (
             "[edge]\nhandshake_refusals_per_source = 0\n",
             "edge.handshake_refusals_per_source: must be >= 1",
