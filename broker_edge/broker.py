@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Container, Iterable, Sequence
+from collections.abc import Callable, Collection, Container, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -562,20 +562,29 @@ class Broker:
         self.log_events(self.tenancy.roll_day(today))
         self.flush_dirty()
 
-    def publish_counters(self, start_us: int, end_us: int) -> None:
-        """Each tenant's usage on this node for the window, on ``$counters/{metric}``."""
+    def publish_counters(
+        self, start_us: int, end_us: int, tenants: Collection[str] | None = None
+    ) -> None:
+        """Each tenant's usage on this node for the window, on ``$counters/{metric}`` (only
+        ``tenants``' when given)."""
+        wanted = None if tenants is None else set(tenants)
         gauges: dict[str, dict[str, int]] = {}
         for session in self.router.sessions.values():
+            if wanted is not None and session.tenant not in wanted:
+                continue
             gauge = gauges.get(session.tenant)
             if gauge is None:
                 gauge = gauges[session.tenant] = {"subscriptions": 0}
             gauge["subscriptions"] += len(session.subscriptions)
-        for name in set(gauges) | set(self.tenancy.usage):
+        names = set(gauges) | set(self.tenancy.usage) if wanted is None else wanted
+        for name in names:
             ns = self.router.namespace(name)
             gauge = gauges.setdefault(name, {"subscriptions": 0})
             gauge["sessions"] = self.connected.get(name, 0)
             gauge["retained"] = sum(1 for m in ns.retained.all() if m.topic[0] != "$")
-        reports = self.tenancy.counter_reports(start_us, end_us, self.settings.node_id, gauges)
+        reports = self.tenancy.counter_reports(
+            start_us, end_us, self.settings.node_id, gauges, wanted
+        )
         for tenant, topic, payload in reports:
             self.internal_publish(tenant, topic, payload)
         self.flush_dirty()
@@ -1093,6 +1102,11 @@ class Broker:
             self.expire_sessions(now)
             self._next_scan = now + SCAN_INTERVAL
         self.publish_due_wills(now)
+        if self.tenancy.report_due:  # a tenant's count passed a report point (localquota)
+            end_us = self.wall_clock_us()
+            start_us = end_us - int(self.settings.counter_interval * 1e6)
+            self.publish_counters(start_us, end_us, self.tenancy.report_due)
+            self.flush_dirty()
         due = self._next_scan
         if self.rate_paused:
             for conn in list(self.rate_paused):

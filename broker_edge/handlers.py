@@ -168,10 +168,13 @@ def handle_publish(broker: Broker, conn: Connection, packet: Publish, now: float
     usage.messages_in += 1
     usage.bytes_in += size
     seq = broker.accept(conn.tenant, conn.client_id, packet, conn.client_id, conn.version)
-    if usage.messages_in >= usage.stop_messages_in or usage.bytes_in >= usage.stop_bytes_in:
-        # The local quota: this publish brought the tenant's day to a limit; the next ones
-        # are refused like under a blocked decision (broker_edge.localquota).
+    if usage.messages_in >= usage.check_messages_in or usage.bytes_in >= usage.check_bytes_in:
+        # The local quota: this publish brought the tenant's day to a limit (the next ones are
+        # refused like under a blocked decision) or to a report point (its counters go out
+        # now, from the broker's tick): broker_edge.localquota.
         broker.log_events(tenancy.restop(conn.tenant))
+        if tenancy.report_due:
+            broker.wake_at(now)
     if qos == _QOS0:
         return
     assert pid is not None

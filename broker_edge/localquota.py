@@ -34,7 +34,11 @@ the node counted up to its last committed record" are the same number.
 
 **Multi-edge bound.** Each edge sees the others' traffic only through the confirmed totals, one
 reaction time late; the tenant can overshoot by what the *other* edges accept during that
-time, while the local traffic is stopped within a message.
+time, while the local traffic is stopped within a message. The reaction time starts with the
+counter record that carries a node's count to the pipeline, so a node does not wait for its
+counter interval (2 s by default) when a tenant's day moves fast: each time its own count of
+the day passes another 1/:data:`REPORT_STEPS` of a limit, it reports the tenant's counters at
+once (:func:`report_points`; at most ``REPORT_STEPS`` extra records per tenant, metric and day).
 
 **Limits.** The edge reads them from its own tenants file (``--tenants``, the file the pipeline
 reads) and from the confirmed totals, and uses the larger of the two (no limit is the largest):
@@ -49,9 +53,10 @@ a few seconds of the old day into the new one; ``max`` then picks the lake's fig
 the one the pipeline decides with.
 
 **Hot path.** For each tenant the edge keeps, in its :class:`~broker_edge.plim.TenantUsage`,
-the running totals at which it stops (``stop_messages_in``, ``stop_bytes_in``; the largest int
-when there is nothing to stop at); a publish costs the counter adds it always had and a compare
-each. The thresholds are recomputed only when a confirmed total, a limit or the day changes.
+the running totals at which it looks again (``check_messages_in``, ``check_bytes_in``: the
+stop, or the next report point if that comes first; the largest int when there is nothing to
+stop at); a publish costs the counter adds it always had and a compare each. The thresholds are
+recomputed when a publish reaches one, and when a confirmed total, a limit or the day changes.
 
 The pipeline's decisions still rule: a ``blocked`` decision blocks whatever the local count, and
 a local block ends only with a new day, a raised limit or confirmed totals under the limit.
@@ -71,6 +76,10 @@ from schemas.names import QUOTA_METRICS
 
 NEVER = sys.maxsize
 """A stop no running total reaches: nothing to stop at."""
+
+REPORT_STEPS = 20
+"""A node reports a tenant's counters at once each time its own count of the day passes
+another 1/REPORT_STEPS of a limit (every 5 %), besides every counter interval."""
 
 
 def until_midnight(now_us: int) -> float:
@@ -139,3 +148,19 @@ def stops(
             )
             reached = Reached(metric, limit, value, total)
     return out, reached
+
+
+def report_points(usage: TenantUsage, count: DayCount, limits: Limits) -> dict[str, int]:
+    """The running totals at which the tenant's counters are next reported early (counter
+    metric -> total; ``NEVER``: no limit, nothing to hurry for): the next multiple of
+    1/:data:`REPORT_STEPS` of the limit in this node's count of the day."""
+    out: dict[str, int] = {}
+    for metric, counter in QUOTA_METRICS.items():
+        limit = effective_limit(getattr(limits, metric), count.confirmed, metric)
+        if not limit:  # none, or 0 (which blocks at once)
+            out[counter] = NEVER
+            continue
+        step = -(-limit // REPORT_STEPS)
+        base = count.base[counter]
+        out[counter] = base + ((getattr(usage, counter) - base) // step + 1) * step
+    return out

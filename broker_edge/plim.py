@@ -104,17 +104,17 @@ def subscribe_details(topic_filters: list[str], reason_codes: list[int]) -> dict
 
 @dataclass(slots=True)
 class TenantUsage:
-    """Running totals of one tenant on this node, and where the local quota stops it: the
-    publish that brings ``messages_in`` or ``bytes_in`` to its stop blocks the tenant
-    (``broker_edge.localquota``; ``sys.maxsize``: never)."""
+    """Running totals of one tenant on this node, and where the local quota looks again: the
+    publish that brings ``messages_in`` or ``bytes_in`` to its check blocks the tenant or
+    reports its counters early (``broker_edge.localquota``; ``sys.maxsize``: never)."""
 
     messages_in: int = 0
     messages_out: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
     dropped: int = 0
-    stop_messages_in: int = sys.maxsize
-    stop_bytes_in: int = sys.maxsize
+    check_messages_in: int = sys.maxsize
+    check_bytes_in: int = sys.maxsize
 
 
 def counter_messages(

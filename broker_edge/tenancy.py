@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from typing import Any, Protocol, TypeVar
 
-from broker_edge.localquota import DayCount, Reached, stops
+from broker_edge.localquota import DayCount, Reached, report_points, stops
 from broker_edge.logtext import truncated
 from broker_edge.packets import ConnackCode311, Publish, ReasonCode
 from broker_edge.plim import (
@@ -138,8 +138,14 @@ class Tenancy:
         self.today = today if today is not None else datetime.now(UTC).date()
         self._days: dict[str, DayCount] = {}
         self._counter_previous: dict[str, dict[str, int]] = {}
+        # When each tenant's counters were last reported (wall clock µs): the next report's
+        # interval starts there.
+        self._reported_until: dict[str, int] = {}
         # Tenants whose last report was all zeros: their next all-zero report is skipped.
         self._counter_quiet: set[str] = set()
+        # Tenants whose count passed a report point: their counters go out before the next
+        # counter interval (broker_edge.localquota; the broker's tick sends them).
+        self.report_due: set[str] = set()
         self._journal_topic = topics.journal_control_topic(node_id)
 
     # -- identity --------------------------------------------------------------------------
@@ -353,9 +359,15 @@ class Tenancy:
         """Recompute where the local quota stops ``tenant`` (after a publish reached a stop, a
         confirmed total, a reload, a new day); the ``quota_reached`` event when it now stops."""
         usage = self.usage[tenant]
-        at, reached = stops(self.node_id, usage, self._days[tenant], self.limits(tenant))
-        usage.stop_messages_in = at["messages_in"]
-        usage.stop_bytes_in = at["bytes_in"]
+        day, limits = self._days[tenant], self.limits(tenant)
+        at, reached = stops(self.node_id, usage, day, limits)
+        if reached is None and (
+            usage.messages_in >= usage.check_messages_in or usage.bytes_in >= usage.check_bytes_in
+        ):
+            self.report_due.add(tenant)  # a report point, not a stop, brought it here
+        points = report_points(usage, day, limits)
+        usage.check_messages_in = min(at["messages_in"], points["messages_in"])
+        usage.check_bytes_in = min(at["bytes_in"], points["bytes_in"])
         was = self.stopped.get(tenant)
         if reached is None:
             if was is not None:
@@ -405,12 +417,23 @@ class Tenancy:
     # -- counters ----------------------------------------------------------------------------
 
     def counter_reports(
-        self, start_us: int, end_us: int, node: str, gauges: Mapping[str, Mapping[str, int]]
+        self,
+        start_us: int,
+        end_us: int,
+        node: str,
+        gauges: Mapping[str, Mapping[str, int]],
+        tenants: Collection[str] | None = None,
     ) -> list[tuple[str, str, bytes]]:
-        """``(tenant, topic, payload)`` of each tenant's ``$counters/...`` for the window, from
-        its usage totals and ``gauges`` (sessions, subscriptions, retained: the broker's)."""
+        """``(tenant, topic, payload)`` of each tenant's ``$counters/...`` for the window
+        (from ``start_us``, or from the tenant's last report if later), from its usage totals
+        and ``gauges`` (sessions, subscriptions, retained: the broker's); only of ``tenants``
+        when given (a report before the interval's end: ``report_due``)."""
         reports: list[tuple[str, str, bytes]] = []
-        for tenant in sorted(set(self.usage) | set(gauges)):
+        chosen = set(self.usage) | set(gauges) if tenants is None else set(tenants)
+        for tenant in sorted(chosen):
+            self.report_due.discard(tenant)
+            since = max(start_us, self._reported_until.get(tenant, start_us))
+            self._reported_until[tenant] = end_us
             usage = self.usage_of(tenant)
             totals = {
                 "messages_in": usage.messages_in,
@@ -443,7 +466,7 @@ class Tenancy:
                     tenant=tenant,
                     totals=totals,
                     previous=previous,
-                    start_us=start_us,
+                    start_us=since,
                     end_us=end_us,
                 )
             )

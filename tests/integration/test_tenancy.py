@@ -499,3 +499,29 @@ def test_an_idle_tenant_is_reported_once_then_not_until_it_moves(v5, tenant_edge
     while len(globex_counters()) == seen:
         assert time.monotonic() < deadline, "never reported again"
         time.sleep(0.2)
+
+
+def test_counters_go_out_early_when_a_tenant_passes_a_twentieth_of_its_limit(
+    make_edge, tenants_file
+):
+    """Issue 14, several edges: a tenant's day that moves fast reaches the pipeline without
+    waiting for the counter interval: at every 5 % of a limit (acme: 1,000 messages a day)."""
+    edge = make_edge(tenants=tenants_file, counter_interval=600.0)
+    watcher = V5(edge.port, "acme-1", "early-watcher")
+    try:
+        watcher.subscribe("$counters/messages_in")
+        started = time.monotonic()
+        for i in range(50):
+            watcher.publish("fleet/x", str(i).encode())
+        doc = json.loads(watcher.inbox.get(timeout=TIMEOUT).payload)
+        assert (doc["tenant"], doc["total"], doc["delta"]) == ("acme", 50, 50)
+        assert time.monotonic() - started < 60  # not the 600 s interval's
+        for i in range(49):
+            watcher.publish("fleet/x", str(i).encode())
+        with pytest.raises(queue.Empty):
+            watcher.inbox.get(timeout=0.5)  # 99: no report point passed
+        watcher.publish("fleet/x", b"100th")
+        doc = json.loads(watcher.inbox.get(timeout=TIMEOUT).payload)
+        assert (doc["total"], doc["delta"]) == (100, 50)
+    finally:
+        watcher.close()

@@ -43,7 +43,7 @@ def accept(policy: Tenancy, count: int, size: int = 10) -> list[str]:
         assert "acme" not in policy.blocked, "a blocked tenant's publish was accepted"
         usage.messages_in += 1
         usage.bytes_in += size
-        if usage.messages_in >= usage.stop_messages_in or usage.bytes_in >= usage.stop_bytes_in:
+        if usage.messages_in >= usage.check_messages_in or usage.bytes_in >= usage.check_bytes_in:
             events += [e.event for e in policy.restop("acme")]
     return events
 
@@ -79,6 +79,39 @@ def test_a_fresh_edge_stops_the_tenant_on_its_own_count_at_the_limit() -> None:
         100,
         None,
     )
+
+
+def reports_due(policy: Tenancy, count: int) -> list[int]:
+    """``count`` publishes; the day counts at which the tenant's counters fell due early (each
+    taken at once, as the broker's tick does)."""
+    usage = policy.usage_of("acme")
+    due = []
+    for _ in range(count):
+        usage.messages_in += 1
+        usage.bytes_in += 10
+        if usage.messages_in >= usage.check_messages_in or usage.bytes_in >= usage.check_bytes_in:
+            policy.restop("acme")
+            if "acme" in policy.report_due:
+                due.append(usage.messages_in)
+                policy.counter_reports(0, 1, NODE, {}, ["acme"])  # what the tick sends
+    return due
+
+
+def test_counters_are_reported_early_at_every_twentieth_of_a_limit() -> None:
+    """Issue 14, several edges: the others learn of a fast day sooner than every counter
+    interval, so each node reports its count at every 5 % of a limit it passes."""
+    policy = tenancy(messages=100)
+    assert reports_due(policy, 99) == list(range(5, 100, 5))
+    assert "acme" not in policy.blocked
+    assert reports_due(policy, 1) == []  # the stop: blocked, not a report
+    assert "acme" in policy.blocked
+    # After a confirmed total the points stay on this node's own count of the day.
+    other = tenancy(messages=1000)
+    assert reports_due(other, 120) == [50, 100]
+    assert confirm(other, {NODE: 100, "edge-b": 400}, limit=1000) == []
+    assert reports_due(other, 40) == [150]
+    # No limit, nothing to hurry for.
+    assert reports_due(tenancy(messages=None), 500) == []
 
 
 def test_bytes_limit_stops_too() -> None:
