@@ -36,9 +36,15 @@ A third edge learns where the session went one INTEREST later, and meanwhile rou
 matches it to the edge that held it. So that edge keeps, for :data:`RELAY_WINDOW` seconds, a
 *stand-in*: a clean session subscribed as the moved one was (not to its shared subscriptions),
 under an id no client can have. When its time is over what it took goes to the session's new
-edge as a late SESSION, which merges only what it did not deliver to the session itself since
-the handover (by ``(origin, seq)``, remembered for :data:`ADOPTED_WINDOW`): messages that took
-both ways (the handing edge's own publishes, routed to the claimer too) are delivered once.
+edge as a late SESSION, which merges only what did not reach the session since the handover,
+by ``(origin, seq)``: messages that took both ways (the handing edge's own publishes, routed to
+the claimer too) are delivered once. The claimer remembers for :data:`ADOPTED_WINDOW` all that
+reached a session handed to it: the document's messages, what it routed to it, and what a late
+SESSION merged (two stand-ins may hold one message: a session moving a -> b -> a within the
+window has a's stand-in and b's at once). A session moving on within that window takes
+the record with it (``seen`` in its document, the newest :data:`SEEN_CARRIED`), merged into the
+next edge's: a stand-in's late SESSION may reach an edge the session left and came back to, and
+what the session took (and its client acknowledged) elsewhere meanwhile is only in that record.
 
 A peer unreachable at the CONNECT (either link down) is not waited for. When the second link
 with a peer comes up, each edge claims again, without waiting, every persistent session it
@@ -61,7 +67,10 @@ Chosen where the issue is silent, and the gaps that remain:
   handing edge before the TAKEN loses the copy if the claimer crashes too;
 - the stand-in is not in snapshots: a crash of the handing edge in its window loses what it
   took; a publish a third edge sends after the window to the old edge (an INTEREST slower than
-  :data:`RELAY_WINDOW`) reaches nobody;
+  :data:`RELAY_WINDOW`) reaches nobody; a late SESSION goes to the edge the session moved to
+  when the stand-in began: if the session moved on from there meanwhile, it is dropped;
+- a session that took more than :data:`SEEN_CARRIED` messages within :data:`ADOPTED_WINDOW`
+  and moves on may be given a stand-in's copy of one of the older ones again (at least once);
 - an expiry interval counts again from the handover; a queued message whose document is over
   the peer's frame bound is left out (counted in ``Mesh.sessions_cut``);
 - each link coming up sends one CLAIM per persistent session held (no digest yet).
@@ -93,6 +102,10 @@ CLAIM_WAIT = 1.0
 # operation), and (longer) the claimer remembers what reached the session meanwhile.
 RELAY_WINDOW = 2.0
 ADOPTED_WINDOW = 3 * RELAY_WINDOW
+
+# At most this many ``(origin, seq)`` of what a session took lately go with it when it moves on
+# (``seen`` in its document; see the theory of operation): ~75 kB, well under a frame's bound.
+SEEN_CARRIED = 4096
 
 # Answers to a claim.
 MOVED, NONE, STALE = "moved", "none", "stale"
@@ -161,6 +174,30 @@ def version_of(value: object) -> Version:
     ):
         raise MeshProtocolError(f"not a claim version: {value!r}")
     return (value[0], value[1])
+
+
+def seen_doc(seen: Iterable[tuple[str, int]]) -> list[list[str | int]]:
+    """What a session took lately, for its document when it moves on: the newest
+    :data:`SEEN_CARRIED` (by seq: a stand-in holds what came last)."""
+    newest = sorted(seen, key=lambda entry: entry[1], reverse=True)[:SEEN_CARRIED]
+    return [[origin, seq] for origin, seq in newest]
+
+
+def seen_of(value: object) -> set[tuple[str, int]]:
+    """``seen`` of a session document back (:func:`seen_doc`); MeshProtocolError if it is not."""
+    if not isinstance(value, list):
+        raise MeshProtocolError(f"SESSION: not a seen list: {value!r}")
+    seen = set()
+    for entry in value:
+        if (
+            not isinstance(entry, list)
+            or len(entry) != 2
+            or not isinstance(entry[0], str)
+            or type(entry[1]) is not int
+        ):
+            raise MeshProtocolError(f"SESSION: not an (origin, seq): {entry!r}")
+        seen.add((entry[0], entry[1]))
+    return seen
 
 
 def frames(

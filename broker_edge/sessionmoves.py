@@ -9,7 +9,16 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from broker_edge.handover import ADOPTED_WINDOW, MOVED, STALE, Claim, Version, verdict
+from broker_edge.handover import (
+    ADOPTED_WINDOW,
+    MOVED,
+    STALE,
+    Claim,
+    Version,
+    seen_doc,
+    seen_of,
+    verdict,
+)
 from broker_edge.logtext import printable
 from broker_edge.message import Message
 from broker_edge.packets import ReasonCode
@@ -33,8 +42,8 @@ class SessionMoves:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         # Sessions handed here lately, by (tenant, client id): until when, and the (origin, seq)
-        # of what was delivered to them since (a stand-in's late messages are not delivered
-        # twice).
+        # of all that reached them since (handed with them, routed here, merged from a stand-in,
+        # or taken on the edge they came from): a stand-in's late messages are not given twice.
         self.adopted: dict[tuple[str, str], tuple[float, set[tuple[str, int]]]] = {}
         self._stand_ins = 0
 
@@ -64,6 +73,10 @@ class SessionMoves:
         if session is not None:
             if answer == MOVED:
                 doc = session_doc(session)
+                entry = self.adopted.get(key)
+                if entry is not None and entry[0] > broker.clock():
+                    # A stand-in of an edge it left lately may hold some of it too.
+                    doc["seen"] = seen_doc(entry[1])
             broker.pending_wills.pop(key, None)  # it lives on elsewhere: no will for its end
             broker._drop_session(session)
         broker.flush_dirty()
@@ -84,7 +97,8 @@ class SessionMoves:
             self._merge_late(key, moved)
             return
         self.adopted = {k: v for k, v in self.adopted.items() if v[0] > now}
-        seen = {(o.message.origin, o.message.seq) for o in moved.inflight.values()}
+        seen = seen_of(doc.get("seen", []))  # what it took on the edge it comes from
+        seen.update((o.message.origin, o.message.seq) for o in moved.inflight.values())
         seen.update((p.message.origin, p.message.seq) for p in moved.queue)
         earlier = self.adopted.get(key)
         self.adopted[key] = (now + ADOPTED_WINDOW, seen | earlier[1] if earlier else seen)
@@ -131,6 +145,8 @@ class SessionMoves:
         for pending in late.queue:
             message = pending.message
             if (message.origin, message.seq) not in seen:
+                # Reached the session now: another stand-in's copy of it is not merged again.
+                seen.add((message.origin, message.seq))
                 session.enqueue(pending)
         broker.state_changed = True
         broker.outbox.drain(session)

@@ -19,6 +19,7 @@ from broker_edge.mesh import FrameBuffer, Interest, MeshProtocolError, PeerRoute
 from broker_edge.meshlink import Link, Mesh
 from broker_edge.message import Message
 from broker_edge.packets import Connect, ProtocolVersion, Publish, QoS, Subscribe, Subscription
+from broker_edge.session import Session
 from broker_edge.settings import EdgeSettings
 from schemas.journal import DEFAULT_TENANT
 
@@ -90,6 +91,22 @@ def test_a_bad_claim_is_a_protocol_error(doc: dict[str, object]) -> None:
         handover.parse_claim(json.dumps(doc).encode())
     with pytest.raises(MeshProtocolError):
         handover.parse_claim(b"[1, 2]")
+
+
+def test_what_a_session_took_lately_round_trips_its_newest_at_most(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen = {("edge-c", 9), ("edge-a", 12), ("edge-c", 3)}
+    doc = json.loads(json.dumps(handover.seen_doc(seen)))
+    assert handover.seen_of(doc) == seen
+    monkeypatch.setattr(handover, "SEEN_CARRIED", 2)
+    assert handover.seen_of(handover.seen_doc(seen)) == {("edge-c", 9), ("edge-a", 12)}
+
+
+@pytest.mark.parametrize("seen", [{}, [["edge-c"]], [["edge-c", "9"]], [[9, 9]], [["c", True]]])
+def test_a_bad_seen_list_is_a_protocol_error(seen: object) -> None:
+    with pytest.raises(MeshProtocolError):
+        handover.seen_of(seen)
 
 
 def _session_doc(queued: int, size: int = 10) -> dict[str, object]:
@@ -450,3 +467,76 @@ def test_a_handover_is_kept_until_taken_and_taken_back_if_the_link_goes_first() 
         assert session.claim == (10, "edge-a")  # by its old CONNECT: the newer one wins later
 
     asyncio.run(run())
+
+
+def _published(peer: Peer) -> list[bytes]:
+    """What ``peer`` was sent, acknowledged at once (QoS 1)."""
+    publishes = [p for p in peer.replies() if isinstance(p, Publish)]
+    for publish in publishes:
+        assert publish.packet_id is not None
+        peer.send(packets.Puback(packet_id=publish.packet_id))
+    return [p.payload for p in publishes]
+
+
+def _moved_to_b() -> tuple[Broker, Broker, Session, Peer]:
+    """dev-1's session moved from edge-a (its stand-in there) to edge-b, where its client got
+    the queued message and acknowledged it."""
+    a, _ = _away_on_a()
+    b, _ = _edge("edge-b", 20, wait=False)
+    _, to_b = a.moves.claimed(_claim((20, "edge-b"), wait=False), None)
+    assert to_b is not None
+    a_stand_in = a.moves.stand_in(to_b)
+    b.moves.adopt(to_b)
+    on_b = _connect(b, V4)
+    assert _published(on_b) == [b"queued"]
+    return a, b, a_stand_in, on_b
+
+
+def test_a_session_that_moves_back_is_sent_a_late_message_once_by_two_stand_ins() -> None:
+    """dev-1 moves a -> b -> a -> c, each within the stand-ins' window. edge-c's away-1 (sent
+    while the client is off b) reaches edge-a's first stand-in, and edge-b only after edge-a
+    claimed the session back: edge-b's stand-in takes it too. The first stand-in's copy is
+    delivered on edge-a; edge-b's, coming later, is not (nor handed on to edge-c)."""
+    a, b, a_stand_in, on_b = _moved_to_b()
+    b.connection_gone(on_b.conn, 0.0)
+    a.deliver_remote(_from_c(1, b"away-1"))
+    _, to_a = b.moves.claimed(_claim((30, "edge-a"), wait=False), None)
+    assert to_a is not None
+    assert to_a["queue"] == []  # away-1 reaches edge-b after the claim ...
+    b_stand_in = b.moves.stand_in(to_a)
+    b.deliver_remote(_from_c(1, b"away-1"))  # ... so its stand-in takes it
+    a.moves.adopt(to_a)
+    on_a = _connect(a, V4)
+    assert _published(on_a) == []
+    late = a.moves.stand_in_done(a_stand_in)
+    assert late is not None
+    a.moves.adopt(late)  # the session came back here: merged here (Mesh._relay)
+    assert _published(on_a) == [b"away-1"]
+    late = b.moves.stand_in_done(b_stand_in)
+    assert late is not None
+    a.moves.adopt(late)
+    assert _published(on_a) == []  # delivered already
+    a.connection_gone(on_a.conn, 0.0)
+    _, to_c = a.moves.claimed(_claim((40, "edge-c"), wait=False), None)
+    assert to_c is not None
+    assert (to_c["inflight"], to_c["queue"]) == ([], [])
+
+
+def test_what_a_session_took_on_the_edge_it_left_is_not_sent_again_by_a_stand_in() -> None:
+    """dev-1 moves a -> b -> a within the stand-in's window: edge-c's message reached edge-a's
+    stand-in and the client on edge-b, which acknowledged it. Back on edge-a, the stand-in's
+    copy is not delivered: edge-b told what the session took there."""
+    a, b, a_stand_in, on_b = _moved_to_b()
+    a.deliver_remote(_from_c(1, b"to both"))
+    b.deliver_remote(_from_c(1, b"to both"))
+    b.flush_dirty()
+    assert _published(on_b) == [b"to both"]
+    _, to_a = b.moves.claimed(_claim((30, "edge-a"), wait=False), None)
+    assert to_a is not None
+    assert (to_a["inflight"], to_a["queue"]) == ([], [])
+    a.moves.adopt(to_a)
+    on_a = _connect(a, V4)
+    late = a.moves.stand_in_done(a_stand_in)
+    assert late is not None
+    a.moves.adopt(late)
+    assert _published(on_a) == []
