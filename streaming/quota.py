@@ -31,11 +31,14 @@ The step decides each batch as soon as the stream has read it, ahead of the ``us
    that must be the one that blocks, if any), with the confirmed totals (issue 14). They are
    sent *before* their commit (a second or more of Spark job and Delta commit: the reaction
    would wait for it), so first their :class:`Intent` is written and synced in the checkpoint
-   directory; after the commit it is removed. A crash in between leaves it, and the next start
-   commits those decisions before anything else: what the edges got is what ``quota_events``
-   says, never a decision sent and lost (which a later decision, or none, could contradict).
+   directory. A recorder thread commits them (every batch's decisions sent meanwhile in one
+   commit, each row with its own batch id), so the next batch is decided meanwhile (a ``warn``
+   commit does not hold up the ``blocked`` that follows it); the intent then keeps only what is
+   still to commit. A crash in between leaves it, and the next start commits those decisions
+   before anything else: what the edges got is what ``quota_events`` says, never a decision
+   sent and lost (which a later decision, or none, could contradict).
 
-Replays: a batch whose id ``quota_events`` already committed decides nothing; it republishes
+Replays: a batch whose id ``quota_events`` held at the start decides nothing; it republishes
 the decisions recorded for it. A batch that never committed published nothing but its intent's
 decisions, committed on start, so deciding it again cannot contradict anything published. The
 first batch after a start republishes every tenant's recorded decisions: that also delivers
@@ -51,6 +54,7 @@ import os
 import threading
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from pathlib import Path
@@ -241,7 +245,15 @@ class QuotaStep:
         self._base: dict[GroupKey, DayUsage] = {}
         self._base_batch = -1
         self._pending: list[tuple[int, PendingCounts]] = []
+        # Decisions sent and not committed yet (in the intent too), committed in order by the
+        # recorder's thread; the last batch ``quota_events`` held at the start (a batch up to
+        # it is a replay).
         self._intent = Intent(None)
+        self._record_lock = threading.Lock()
+        self._unrecorded: list[tuple[int, list[QuotaEvent]]] = []
+        self._recorder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quota-record")
+        self._recordings: list[Future[None]] = []
+        self._done_at_start: int | None = None
 
     def start(self, spark: SparkSession, usage_through: int, intent: Path) -> None:
         """Before the query starts (nothing writes ``usage`` meanwhile): what ``usage`` holds
@@ -249,15 +261,16 @@ class QuotaStep:
         committed yet are kept there (:class:`Intent`), committed now if a crash left some."""
         self._intent = Intent(intent)
         left = self._intent.read()
-        if left is not None:
-            batch_id, events = left
+        if left:
             done = self.events.last_batch_id()
-            if done is None or done < batch_id:
+            unsent = [(b, events) for b, events in left if done is None or done < b]
+            if unsent:
                 logger.info(
-                    "quota: committing the %d decision(s) sent in batch %d", len(events), batch_id
+                    "quota: committing the decisions sent in batches %s", [b for b, _ in unsent]
                 )
-                self._record(spark, batch_id, events)
-            self._intent.clear()
+                self._record(spark, unsent)
+            self._intent.write([])
+        self._done_at_start = self.events.last_batch_id()
         day = self._quota.clock().date()
         with self._lock:
             loaded = load_day_totals(self._usage_path, day)
@@ -313,6 +326,7 @@ class QuotaStep:
         """Decide batch ``batch_id`` (of the stream: every batch through it is read), whose
         quota counters are ``counts`` (None: not counted, ``usage`` brings them later). The
         decisions made (none for a replayed batch: they were made before)."""
+        self.check_recorded()
         if counts:
             self.counted(batch_id, counts)
         first = self._recorded is None
@@ -321,7 +335,7 @@ class QuotaStep:
         republish = {tenant for tenant, _ in recorded} if first else set()
         events: list[QuotaEvent] = []
         confirmed: dict[str, bytes] = {}
-        done = self.events.last_batch_id()
+        done = self._done_at_start
         if done is not None and done >= batch_id:
             # A replay: its decisions are recorded; send those again, decide nothing new.
             logger.info("quota: batch %d already decided, republishing its decisions", batch_id)
@@ -360,20 +374,52 @@ class QuotaStep:
         if events:
             # Sent before the (slow) commit, so the intent goes first: a crash before the
             # commit leaves it, and the next start commits what the edges may have had.
-            self._intent.write(batch_id, events)
+            with self._record_lock:
+                self._unrecorded.append((batch_id, events))
+                self._intent.write(self._unrecorded)
         self._publisher.publish(messages)  # errors are logged and retried next batch
-        if events:
-            self._record(spark, batch_id, events)
-            self._intent.clear()
+        if events:  # committed by the recorder's thread: the next batch is decided meanwhile
+            self._recordings.append(self._recorder.submit(self._record_unrecorded, spark))
         return events
 
-    def _record(self, spark: SparkSession, batch_id: int, events: list[QuotaEvent]) -> None:
-        """Commit ``events`` to ``quota_events`` as batch ``batch_id`` (a handful of decisions
-        made on the driver: the one small write from there)."""
+    def wait_recorded(self) -> None:
+        """Wait until every decision made is in ``quota_events``; raises the recorder's
+        failure."""
+        for future in self._recordings:
+            future.result()
+        self._recordings = [f for f in self._recordings if not f.done()]
+
+    def close(self) -> None:
+        """Stop the recorder once what it was given is committed."""
+        self._recorder.shutdown(wait=True)
+
+    def check_recorded(self) -> None:
+        """Raise the recorder's failure, if a commit failed."""
+        done = [f for f in self._recordings if f.done()]
+        self._recordings = [f for f in self._recordings if not f.done()]
+        for future in done:
+            future.result()  # a commit's failure fails this batch's decision
+
+    def _record_unrecorded(self, spark: SparkSession) -> None:
+        """Commit every decision sent and not committed yet, in one commit as the newest
+        batch among them; then the intent keeps only what came meanwhile."""
+        with self._record_lock:
+            taken = list(self._unrecorded)
+        if not taken:
+            return  # an earlier call committed them
+        self._record(spark, taken)
+        with self._record_lock:
+            del self._unrecorded[: len(taken)]
+            self._intent.write(self._unrecorded)
+
+    def _record(self, spark: SparkSession, batches: list[tuple[int, list[QuotaEvent]]]) -> None:
+        """Commit the decisions of ``batches`` to ``quota_events`` as the newest of those batch
+        ids (a handful of decisions made on the driver: the one small write from there)."""
         rows = spark.createDataFrame(
-            [e.row() for e in events], schema=spark_schema(QUOTA_EVENTS_SCHEMA)
+            [e.row() for _, events in batches for e in events],
+            schema=spark_schema(QUOTA_EVENTS_SCHEMA),
         )
-        self.events.append(batch_id, rows)
+        self.events.append(max(batch_id for batch_id, _ in batches), rows)
 
     def _current_limits(self) -> Mapping[str, TenantLimits]:
         try:
@@ -393,18 +439,30 @@ class QuotaStep:
 
 
 class Intent:
-    """The decisions of one batch, sent to the edges and not committed yet: a small JSON file
-    in the query's checkpoint directory, written atomically and synced before they are sent,
-    removed once ``quota_events`` holds them (None: kept nowhere, the tests' steps)."""
+    """The decisions sent to the edges and not committed yet, per batch: a small JSON file in
+    the query's checkpoint directory, written atomically and synced before they are sent,
+    rewritten as they are committed (None: kept nowhere, the tests' steps)."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
 
-    def write(self, batch_id: int, events: list[QuotaEvent]) -> None:
+    def write(self, batches: list[tuple[int, list[QuotaEvent]]]) -> None:
+        """Keep ``batches`` (none: remove the file)."""
         if self.path is None:
             return
-        rows = [{**e.row(), "decided_at": e.decided_at.isoformat(), "date": None} for e in events]
-        doc = {"batch_id": batch_id, "events": rows}
+        if not batches:
+            self.path.unlink(missing_ok=True)
+            return
+        doc = [
+            {
+                "batch_id": batch_id,
+                "events": [
+                    {**e.row(), "decided_at": e.decided_at.isoformat(), "date": None}
+                    for e in events
+                ],
+            }
+            for batch_id, events in batches
+        ]
         self.path.parent.mkdir(parents=True, exist_ok=True)
         temporary = self.path.with_name(f".{self.path.name}.tmp")
         with temporary.open("w", encoding="utf-8") as out:
@@ -413,35 +471,34 @@ class Intent:
             os.fsync(out.fileno())
         temporary.replace(self.path)
 
-    def read(self) -> tuple[int, list[QuotaEvent]] | None:
+    def read(self) -> list[tuple[int, list[QuotaEvent]]]:
         if self.path is None:
-            return None
+            return []
         try:
             doc = json.loads(self.path.read_text(encoding="utf-8"))
-            events = [
-                QuotaEvent(
-                    tenant=row["tenant"],
-                    metric=row["metric"],
-                    limit=row["limit"],
-                    value=row["value"],
-                    state=row["state"],
-                    decided_at=datetime.fromisoformat(row["decided_at"]),
-                    batch_id=row["batch_id"],
-                )
-                for row in doc["events"]
-            ]
-            return int(doc["batch_id"]), events
+            return [(int(entry["batch_id"]), _intended(entry["events"])) for entry in doc]
         except FileNotFoundError:
-            return None
+            return []
         except (ValueError, KeyError, TypeError) as exc:
             raise PipelineConfigError(
                 f"{self.path}: not the quota decisions this pipeline wrote ({exc}); they were "
                 "sent to the edges but not committed: remove the file to go on without them"
             ) from exc
 
-    def clear(self) -> None:
-        if self.path is not None:
-            self.path.unlink(missing_ok=True)
+
+def _intended(rows: list[dict[str, Any]]) -> list[QuotaEvent]:
+    return [
+        QuotaEvent(
+            tenant=row["tenant"],
+            metric=row["metric"],
+            limit=row["limit"],
+            value=row["value"],
+            state=row["state"],
+            decided_at=datetime.fromisoformat(row["decided_at"]),
+            batch_id=row["batch_id"],
+        )
+        for row in rows
+    ]
 
 
 def count_counters(counters: pa.Table) -> PendingCounts:

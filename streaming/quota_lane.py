@@ -18,7 +18,8 @@ they need not wait for the ``messages`` commit) and, in a thread of its own, bes
 2. hands them to :meth:`streaming.quota.QuotaStep.decide_batch`, which decides on what
    ``usage`` holds plus what was counted ahead of it, publishes the decisions and the
    confirmed totals, and records the decisions in ``quota_events`` (batch id: the stream's;
-   sent first, with an intent written before, :class:`streaming.quota.Intent`).
+   sent first, with an intent written before, :class:`streaming.quota.Intent`, and committed
+   by a recorder thread while the lane goes on).
 
 When the usage step commits batches, :meth:`~streaming.quota.QuotaStep.committed` replaces
 the counts ahead of it by the day totals ``usage`` reports: the totals the lane decides on are
@@ -34,8 +35,9 @@ A replayed batch that ``quota_events`` holds is not decided again: its decisions
 A batch whose ``messages`` write fails stops the query: the run's counts go with it, and the
 next run starts from what ``usage`` holds.
 
-The lane's failure fails the stream's next batch, like the other tables'; ``drain`` waits for
-what was handed over (``processAllAvailable`` means decided too).
+The lane's failure (or its recorder's) fails the stream's next batch, like the other tables';
+``drain`` waits for what was handed over to be decided and committed (``processAllAvailable``
+means decided too).
 """
 
 from __future__ import annotations
@@ -85,6 +87,23 @@ class QuotaLane(Behind[tuple[int, Offset, Offset, bool]]):
         """Before the query starts: ``usage`` holds every batch through ``usage_through``."""
         self._step.start(spark, usage_through, self._intent)
         self._start_thread(spark)
+
+    def drain(self, timeout: float | None = None) -> None:
+        """Wait until every batch handed over is decided and its decisions committed."""
+        super().drain(timeout)
+        self._step.wait_recorded()
+
+    def check(self) -> None:
+        """Raise the lane's failure, or a failed commit of its decisions."""
+        super().check()
+        self._step.check_recorded()
+
+    def close(self) -> None:
+        """Stop once what was handed over is decided and committed."""
+        try:
+            super().close()
+        finally:
+            self._step.close()
 
     def hand(self, batch_id: int, start: Offset, end: Offset, records: bool) -> None:
         """Batch ``batch_id`` (records ``start < seq <= end``) is read; ``records``: it has
