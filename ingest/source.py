@@ -239,13 +239,7 @@ class EdgebusStreamReader(DataSourceStreamReader):
 
     def latestOffset(self) -> Offset:  # noqa: N802 (Spark API)
         planned = self._planned_end()
-        available = local_ends(self._root, self._journal)
-        oldest = {node: self._journal(node).first_seq() for node in available}
-        where = {node: str(self._root / node) for node in available}
-        for remote in self._edge_ranges(set(available)):
-            available[remote.node] = remote.last_seq
-            oldest[remote.node] = remote.first_seq
-            where[remote.node] = f"edge {remote.edge}"
+        available, oldest, where = self._available()
         for node, seq in available.items():
             if seq < planned.get(node, 0):
                 raise SourceError(
@@ -258,6 +252,22 @@ class EdgebusStreamReader(DataSourceStreamReader):
         end = cap_offsets(planned, available, self._options.max_records_per_batch)
         self._planned = end
         return end
+
+    def available(self) -> Offset:
+        """Every node's durable end now (local journals and the edges that answer), without
+        planning anything (the quota lane's look ahead of the stream)."""
+        return self._available()[0]
+
+    def _available(self) -> tuple[Offset, dict[str, int | None], dict[str, str]]:
+        """Each node's durable end, oldest seq still kept, and where its journal is."""
+        available = local_ends(self._root, self._journal)
+        oldest = {node: self._journal(node).first_seq() for node in available}
+        where = {node: str(self._root / node) for node in available}
+        for remote in self._edge_ranges(set(available)):
+            available[remote.node] = remote.last_seq
+            oldest[remote.node] = remote.first_seq
+            where[remote.node] = f"edge {remote.edge}"
+        return available, oldest, where
 
     def partitions(self, start: Offset, end: Offset) -> Sequence[JournalRange]:
         start, end = _check_offset(start), _check_offset(end)

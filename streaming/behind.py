@@ -35,6 +35,8 @@ class Behind(Generic[Handed]):
     # What the work is, for its errors and its thread ("the other tables").
     what = "the work behind the stream"
     thread_name = "behind"
+    # Seconds without anything handed over after which the thread calls ``_idle`` (None: never).
+    idle_seconds: float | None = None
 
     def __init__(self) -> None:
         self._changed = threading.Condition()
@@ -91,6 +93,9 @@ class Behind(Generic[Handed]):
         """Do ``taken`` (what was handed over since the last call, in order), as one."""
         raise NotImplementedError
 
+    def _idle(self, spark: SparkSession) -> None:
+        """Nothing was handed over for ``idle_seconds``: what the work does meanwhile."""
+
     def _progress(self) -> str:
         """How far the work got, for the error of a drain that timed out."""
         return ""
@@ -103,13 +108,17 @@ class Behind(Generic[Handed]):
         while True:
             with self._changed:
                 while not self._handed and not self._closing:
-                    self._changed.wait()
-                if not self._handed:
+                    if not self._changed.wait(self.idle_seconds):
+                        break  # idle for idle_seconds
+                if not self._handed and self._closing:
                     return
                 taken = list(self._handed)
-                self._busy = True
+                self._busy = bool(taken)
             try:
-                self._work(spark, taken)
+                if taken:
+                    self._work(spark, taken)
+                else:
+                    self._idle(spark)
             except BaseException as exc:  # failed: the stream's next batch raises it
                 logger.exception("%s failed", self.what)
                 with self._changed:

@@ -50,7 +50,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 (pyspark's own convention)
 
-from ingest.source import checkpointed_offset
+from ingest.source import Offset, checkpointed_offset
 from sinks.delta import DeltaTableWriter
 from streaming import route
 from streaming.behind import Behind
@@ -130,10 +130,11 @@ class OtherTables(Behind[tuple[int, bool]]):
         with self._changed:
             return min(self._done.values())
 
-    def usage_through(self) -> int:
-        """The last batch id the usage table holds (-1: none)."""
+    def usage_end(self) -> Offset:
+        """Each node's last seq the usage table holds (its last batch's end offset)."""
         with self._changed:
-            return self._done[USAGE]
+            through = self._done[USAGE]
+        return checkpointed_offset(self._checkpoint, through) if through >= 0 else {}
 
     def mark_done(self, batch_id: int) -> None:
         """Every unit is done through ``batch_id`` (what the thread does after each write)."""
@@ -162,8 +163,8 @@ class OtherTables(Behind[tuple[int, bool]]):
                 units = [unit for unit, done in self._done.items() if done == since]
             if others:
                 self._write(spark, batch_id, since, units)
-            elif USAGE in units:
-                self._usage(batch_id, None, set())  # nothing to add: the quota step learns so
+            elif USAGE in units:  # nothing to add: the quota step learns so
+                self._usage(batch_id, checkpointed_offset(self._checkpoint, batch_id), None, set())
             with self._changed:
                 for unit in units:
                     self._done[unit] = batch_id
@@ -195,7 +196,7 @@ class OtherTables(Behind[tuple[int, bool]]):
                 if USAGE in units:
                     began = time.monotonic()
                     counters = route.share(rows, route.COUNTERS) if counts.get(USAGE) else None
-                    self._usage(batch_id, counters, touched)
+                    self._usage(batch_id, end, counters, touched)
                     timings["usage"] = time.monotonic() - began
             finally:
                 # Every append ends (or fails) before the rows are unpersisted, whichever fails.

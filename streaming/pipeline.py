@@ -173,7 +173,7 @@ class TableFanout:
         then the quota step from what ``usage`` holds."""
         self.others.start(spark)
         if self.quota is not None:
-            self.quota.start(spark, self.others.usage_through())
+            self.quota.start(spark, self.others.usage_end())
 
     def drain(self, timeout: float | None = None) -> None:
         """Wait until every batch the stream wrote is decided and in every other table."""

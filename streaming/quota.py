@@ -63,6 +63,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ingest.source import Offset
 from schemas import names
 from schemas.control import ConfirmedUsage, ControlMessageError, usage_control_topic
 from schemas.usage import (
@@ -99,13 +100,17 @@ DayTotals = Mapping[tuple[str, str, date], DayUsage]
 """(tenant, counter metric, UTC date) -> the day's total and each node's part of it, as
 reported by the usage writer."""
 
-PendingCounts = dict[GroupKey, dict[str, int]]
-"""(tenant, counter metric, UTC date) -> each node's counter deltas in batches ``usage`` does
-not hold yet (counted ahead of it, :func:`count_counters`)."""
+PendingCounts = dict[tuple[str, int], tuple[GroupKey, int]]
+"""(node, seq) of a counter record ``usage`` does not hold yet -> its group (tenant, counter
+metric, UTC date) and delta (counted ahead of ``usage``, :func:`count_counters`). Keyed by the
+record, so a record counted twice (by the look ahead, then its batch) counts once."""
 
 # The counters that measure a quota metric: the only ones counted ahead of ``usage``.
 QUOTA_COUNTERS = frozenset(QUOTA_METRICS.values())
 ONE_DAY = timedelta(days=1)
+# The look ahead sends a tenant's confirmed totals once its day is past this part of a limit:
+# below it no edge is near a stop, and each delivery is a connection the edges log.
+AHEAD_RATIO = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,12 +244,12 @@ class QuotaStep:
             logger.warning("quota: no brokers configured, decisions are recorded only")
         self._recorded: Recorded | None = None
         self._limits: Mapping[str, TenantLimits] | None = None
-        # What ``usage`` holds: each group's day total with each node's part, through batch
-        # ``_base_batch``; and the counts of the batches after it, counted ahead of ``usage``.
+        # What ``usage`` holds: each group's day total with each node's part, through each
+        # node's seq in ``_base_end``; and the counter records after it, counted ahead.
         self._lock = threading.Lock()
         self._base: dict[GroupKey, DayUsage] = {}
-        self._base_batch = -1
-        self._pending: list[tuple[int, PendingCounts]] = []
+        self._base_end: Offset = {}
+        self._pending: PendingCounts = {}
         # Decisions sent and not committed yet (in the intent too), committed in order by the
         # recorder's thread; the last batch ``quota_events`` held at the start (a batch up to
         # it is a replay).
@@ -255,9 +260,9 @@ class QuotaStep:
         self._recordings: list[Future[None]] = []
         self._done_at_start: int | None = None
 
-    def start(self, spark: SparkSession, usage_through: int, intent: Path) -> None:
+    def start(self, spark: SparkSession, usage_end: Offset, intent: Path) -> None:
         """Before the query starts (nothing writes ``usage`` meanwhile): what ``usage`` holds
-        of today, through batch ``usage_through``; ``intent``: the decisions sent and not
+        of today, through each node's seq in ``usage_end``; ``intent``: the decisions sent and not
         committed yet are kept there (:class:`Intent`), committed now if a crash left some."""
         self._intent = Intent(intent)
         left = self._intent.read()
@@ -277,12 +282,12 @@ class QuotaStep:
             self._base = {
                 (tenant, metric, day): usage for (tenant, metric), usage in loaded.items()
             }
-            self._base_batch = usage_through
-            self._pending = []
+            self._base_end = dict(usage_end)
+            self._pending = {}
 
-    def committed(self, batch_id: int, totals: DayTotals) -> None:
-        """``usage`` holds every batch through ``batch_id`` now; ``totals``: the day totals of
-        the groups its commit touched (the others are as they were)."""
+    def committed(self, end: Offset, totals: DayTotals) -> None:
+        """``usage`` holds every record through each node's seq in ``end`` now; ``totals``: the
+        day totals of the groups its commit touched (the others are as they were)."""
         today = self._quota.clock().date()
         with self._lock:
             for key, usage in totals.items():
@@ -290,15 +295,22 @@ class QuotaStep:
                     self._base[key] = usage
             # Older days are never decided on again (a backlog from yesterday blocks nobody).
             self._base = {k: v for k, v in self._base.items() if k[2] >= today - ONE_DAY}
-            self._base_batch = max(self._base_batch, batch_id)
-            self._pending = [entry for entry in self._pending if entry[0] > self._base_batch]
+            for node, seq in end.items():
+                self._base_end[node] = max(self._base_end.get(node, 0), seq)
+            base = self._base_end
+            self._pending = {k: v for k, v in self._pending.items() if k[1] > base.get(k[0], 0)}
 
-    def counted(self, batch_id: int, counts: PendingCounts) -> None:
-        """Batch ``batch_id``'s quota counters, counted ahead of ``usage`` (nothing if ``usage``
-        holds the batch already)."""
+    def counted(self, counts: PendingCounts) -> set[str]:
+        """Counter records counted ahead of ``usage`` (those it holds already are left out);
+        the tenants whose day moved (records not counted before)."""
+        moved: set[str] = set()
         with self._lock:
-            if batch_id > self._base_batch:
-                self._pending.append((batch_id, counts))
+            base = self._base_end
+            for key, entry in counts.items():
+                if key[1] > base.get(key[0], 0) and key not in self._pending:
+                    self._pending[key] = entry
+                    moved.add(entry[0][0])
+        return moved
 
     def day_totals(self, day: date) -> dict[tuple[str, str], DayUsage]:
         """(tenant, counter) -> the day's total and each node's part: what ``usage`` holds plus
@@ -309,16 +321,35 @@ class QuotaStep:
                 for (tenant, metric, when), (_, nodes) in self._base.items()
                 if when == day
             }
-            for _, counts in self._pending:
-                for (tenant, metric, when), nodes in counts.items():
-                    if when != day:
-                        continue
+            for (node, _), ((tenant, metric, when), delta) in self._pending.items():
+                if when == day:
                     group = parts.setdefault((tenant, metric), {})
-                    for node, value in nodes.items():
-                        group[node] = group.get(node, 0) + value
+                    group[node] = group.get(node, 0) + delta
         return {
             key: (sum(nodes.values()), dict(sorted(nodes.items()))) for key, nodes in parts.items()
         }
+
+    def confirm_ahead(self, counts: PendingCounts) -> None:
+        """Counter records read ahead of the stream (:mod:`streaming.quota_lane`): counted, and
+        the confirmed totals of each tenant they moved that is past :data:`AHEAD_RATIO` of a
+        limit sent to the edges at once (their local quota, issue 14). Nothing is decided or
+        recorded: the batch that holds these records does that."""
+        moved = self.counted(counts)
+        if not moved or self._limits is None:
+            return  # nothing new, or no batch decided yet (the first republishes everything)
+        now = self._quota.clock()
+        day_usage = self.day_totals(now.date())
+        limits = self._limits
+        near = {
+            tenant
+            for tenant in moved
+            for metric, counter in QUOTA_METRICS.items()
+            if (limit := getattr(limits.get(tenant, TenantLimits()), metric)) is not None
+            and day_usage.get((tenant, counter), (0, {}))[0] >= AHEAD_RATIO * limit
+        }
+        confirmed = confirmed_usage(near, day_usage, limits, now)
+        if confirmed:
+            self._publisher.publish({usage_control_topic(t): [p] for t, p in confirmed.items()})
 
     def decide_batch(
         self, spark: SparkSession, batch_id: int, counts: PendingCounts | None
@@ -328,7 +359,7 @@ class QuotaStep:
         decisions made (none for a replayed batch: they were made before)."""
         self.check_recorded()
         if counts:
-            self.counted(batch_id, counts)
+            self.counted(counts)
         first = self._recorded is None
         recorded = self._recorded = load_recorded(self.events.location) if first else self._recorded
         assert recorded is not None
@@ -365,7 +396,7 @@ class QuotaStep:
             republish |= {event.tenant for event in events}
             # The confirmed totals go with every decision and after every batch that moved a
             # tenant's day (issue 14): the edges enforce the limits with them.
-            moved = {tenant for tenant, _, day in counts or {} if day == now.date()}
+            moved = {group[0] for group, _ in (counts or {}).values() if group[2] == now.date()}
             if first:  # after a start: every tenant's, as every decision is republished
                 moved |= {tenant for tenant, _ in day_usage}
             confirmed = confirmed_usage(moved | republish, day_usage, limits, now)
@@ -503,21 +534,19 @@ def _intended(rows: list[dict[str, Any]]) -> list[QuotaEvent]:
 
 def count_counters(counters: pa.Table) -> PendingCounts:
     """Counter records (``COUNTER_RECORD_SCHEMA``, the route's) to what the usage step will add
-    for the quota counters: per (tenant, counter, date) each node's deltas summed."""
+    for the quota counters: each record's group (tenant, counter, date) and delta."""
     kept = counters.filter(
         pc.and_(
             pc.equal(counters.column("kind"), "counter"),
             pc.is_in(counters.column("metric"), pa.array(sorted(QUOTA_COUNTERS))),
         )
     )
-    counts: PendingCounts = {}
-    if not kept.num_rows:
-        return counts
-    summed = kept.group_by(["tenant", "metric", "date", "node"]).aggregate([("delta", "sum")])
-    for row in summed.to_pylist():
-        nodes = counts.setdefault((row["tenant"], row["metric"], row["date"]), {})
-        nodes[row["node"]] = nodes.get(row["node"], 0) + int(row["delta_sum"])
-    return counts
+    columns = ("node", "seq", "tenant", "metric", "date", "delta")
+    rows = zip(*(kept.column(name).to_pylist() for name in columns), strict=True)
+    return {
+        (node, seq): ((tenant, metric, day), delta)
+        for node, seq, tenant, metric, day, delta in rows
+    }
 
 
 def load_recorded(path: LakePath | str, where: str | None = None) -> Recorded:

@@ -35,6 +35,14 @@ A replayed batch that ``quota_events`` holds is not decided again: its decisions
 A batch whose ``messages`` write fails stops the query: the run's counts go with it, and the
 next run starts from what ``usage`` holds.
 
+Between batches (nothing handed over for :data:`AHEAD_SECONDS`) the lane looks ahead of the
+stream: it reads the counter records the journals hold beyond what it counted (a node at most
+:data:`AHEAD_MAX_RECORDS` ahead: not a backlog the stream is catching up), counts them (a
+record is counted once, by ``(node, seq)``, whether the look ahead or its batch sees it first)
+and sends the confirmed totals of each tenant they moved past half a limit
+(:meth:`streaming.quota.QuotaStep.confirm_ahead`): the edges' local quota learns of the other
+edges' traffic a batch sooner. It decides nothing: decisions are recorded with their batch.
+
 The lane's failure (or its recorder's) fails the stream's next batch, like the other tables';
 ``drain`` waits for what was handed over to be decided and committed (``processAllAvailable``
 means decided too).
@@ -46,7 +54,13 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ingest.source import Offset, SourceError
+from ingest.source import (
+    EdgebusStreamReader,
+    Offset,
+    SourceError,
+    SourceOptions,
+    checkpointed_offset,
+)
 from streaming import route
 from streaming.behind import Behind
 from streaming.quota import PendingCounts, QuotaStep, count_counters
@@ -61,6 +75,11 @@ logger = logging.getLogger(__name__)
 # The decisions sent and not committed yet, in the query's checkpoint directory
 # (:class:`streaming.quota.Intent`).
 INTENT_FILE = "quota_intent"
+# While no batch comes, the lane looks ahead of the stream this often.
+AHEAD_SECONDS = 0.25
+# A node further ahead of the stream than this many records is not looked ahead at: the stream
+# is catching up a backlog, and reading it twice here would only slow it down.
+AHEAD_MAX_RECORDS = 50_000
 
 
 class QuotaLane(Behind[tuple[int, Offset, Offset, bool]]):
@@ -69,6 +88,7 @@ class QuotaLane(Behind[tuple[int, Offset, Offset, bool]]):
 
     what = "the quota step"
     thread_name = "quota-lane"
+    idle_seconds = AHEAD_SECONDS
 
     def __init__(
         self,
@@ -82,10 +102,15 @@ class QuotaLane(Behind[tuple[int, Offset, Offset, bool]]):
         self._intent = checkpoint / INTENT_FILE
         self._journals = journals  # the journal source's options, for the reads here
         self._metrics = metrics
+        self._checkpoint = checkpoint
+        self._reader: EdgebusStreamReader | None = None
+        self._ahead: Offset = {}  # how far each node's records were counted here
 
-    def start(self, spark: SparkSession, usage_through: int) -> None:
-        """Before the query starts: ``usage`` holds every batch through ``usage_through``."""
-        self._step.start(spark, usage_through, self._intent)
+    def start(self, spark: SparkSession, usage_end: Offset) -> None:
+        """Before the query starts: ``usage`` holds every record through each node's seq in
+        ``usage_end``."""
+        self._step.start(spark, usage_end, self._intent)
+        self._ahead = checkpointed_offset(self._checkpoint)  # where the stream goes on from
         self._start_thread(spark)
 
     def drain(self, timeout: float | None = None) -> None:
@@ -116,8 +141,36 @@ class QuotaLane(Behind[tuple[int, Offset, Offset, bool]]):
         start, end = taken[0][1], taken[-1][2]
         counts = self._count(start, end) if any(may for *_, may in taken) else {}
         events = self._step.decide_batch(spark, batch_id, counts)
+        for node, seq in end.items():
+            self._ahead[node] = max(self._ahead.get(node, 0), seq)
         if self._metrics is not None:
             self._metrics.quota_decided(events)
+
+    def _idle(self, spark: SparkSession) -> None:
+        """No batch for a while: count what the journals hold beyond the stream, and send the
+        confirmed totals of the tenants near a limit (decisions wait for their batch)."""
+        try:
+            if self._reader is None:
+                self._reader = EdgebusStreamReader(SourceOptions.parse(self._journals))
+            available = self._reader.available()
+        except (SourceError, OSError) as exc:
+            logger.debug("quota: no look ahead: %s", exc)
+            return
+        start = {node: self._ahead.get(node, 0) for node in available}
+        end = {
+            node: seq
+            for node, seq in available.items()
+            if 0 < seq - start[node] <= AHEAD_MAX_RECORDS
+        }
+        if not end:
+            return
+        start = {node: start[node] for node in end}
+        counts = self._count(start, end)
+        if counts is None:
+            return
+        self._ahead.update(end)
+        if counts:
+            self._step.confirm_ahead(counts)
 
     def _count(self, start: Offset, end: Offset) -> PendingCounts | None:
         try:

@@ -79,6 +79,7 @@ from streaming.settings import PipelineSettings
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
+    from ingest.source import Offset
     from sinks.mqtt import DecisionPublisher
     from streaming.quota import QuotaStep
 
@@ -510,12 +511,13 @@ class UsageStep:
     def __call__(
         self,
         batch_id: int,
+        end: Offset,
         counters: DataFrame | None,
         touched: Collection[tuple[str, date]],
     ) -> None:
         """Batch ``batch_id``'s counter records (None: the batch has none), of the partitions
         (tenant, date) ``touched``, into ``usage``; the quota step learns the day totals the
-        commit reports (every batch through ``batch_id`` is in ``usage`` now)."""
+        commit reports (every record through each node's seq in ``end`` is in ``usage`` now)."""
         totals = self.usage.write(batch_id, counters, touched) if counters is not None else {}
         if self.quota is not None:
-            self.quota.committed(batch_id, totals)
+            self.quota.committed(end, totals)

@@ -443,3 +443,34 @@ def test_decisions_sent_before_a_crash_are_committed_at_the_next_start(
     run_once(edgebus_spark, settings, quota_settings)
     assert states(settings) == [("acme", "messages_per_day", "blocked", 150, 100)]
     assert not intent.exists()
+
+
+def test_between_batches_the_edges_get_the_totals_of_a_tenant_near_its_limit(
+    edgebus_spark: SparkSession,
+    make_settings: Callable[..., PipelineSettings],
+    edge: Any,
+    clients: Any,
+) -> None:
+    """Issue 14, several edges: while no batch comes, the quota lane reads the journals ahead
+    of the stream and sends the confirmed totals of a tenant past half a limit at once (the
+    other edges' parts reach each edge sooner); it decides and records nothing without its
+    batch."""
+    settings = make_settings(trigger_interval_seconds=60.0)  # one batch, then none for a minute
+    operator = clients("op-token", "usage-watch")
+    write_counters(settings.journal_root, "edge-a", [Counter("acme", "messages_in", 10, 10)])
+    query = pipeline.start(edgebus_spark, settings, acme_limited_to_100(edge))
+    try:
+        query.processAllAvailable()  # the first batch: 10 of 100
+        operator.subscribe("$control/usage/acme")
+        first = json.loads(operator.next_message().payload)
+        assert first["totals"]["messages_in"] == {"total": 10, "nodes": {"edge-a": 10}}
+        write_counters(settings.journal_root, "edge-b", [Counter("acme", "messages_in", 20, 50)])
+        ahead = json.loads(operator.next_message(timeout=30).payload)
+        assert ahead["totals"]["messages_in"] == {
+            "total": 60,
+            "nodes": {"edge-a": 10, "edge-b": 50},
+        }
+        assert not table_exists(settings.table_path(quota.TABLE))  # nothing decided
+        assert len(query.recentProgress) <= 2  # no batch read those records
+    finally:
+        query.stop()

@@ -93,16 +93,19 @@ def test_the_range_read_here_counts_what_the_usage_step_will_add(tmp_path: Path)
     options = {OPTION_PATH: str(root)}
 
     everything = count_counters(route.read_counters(options, {}, {"edge-a": 10, "edge-b": 1}))
+    msgs, octets, globex = ("acme", MSGS, DAY), ("acme", "bytes_in", DAY), ("globex", MSGS, DAY)
     assert everything == {
-        ("acme", "messages_in", DAY): {"edge-a": 16, "edge-b": 2},
-        ("acme", "bytes_in", DAY): {"edge-a": 700},
-        ("globex", "messages_in", DAY): {"edge-a": 7},
+        ("edge-a", 1): (msgs, 5),
+        ("edge-a", 3): (octets, 700),
+        ("edge-a", 9): (globex, 7),
+        ("edge-a", 10): (msgs, 11),
+        ("edge-b", 1): (msgs, 2),
     }
     # Only the records start < seq <= end of each node.
     later = count_counters(
         route.read_counters(options, {"edge-a": 9, "edge-b": 1}, {"edge-a": 10, "edge-b": 1})
     )
-    assert later == {("acme", "messages_in", DAY): {"edge-a": 11}}
+    assert later == {("edge-a", 10): (msgs, 11)}
     assert count_counters(route.read_counters(options, {"edge-a": 2}, {"edge-a": 2})) == {}
 
 
@@ -115,19 +118,23 @@ def step(tmp_path: Path) -> QuotaStep:
 
 def test_day_totals_are_usage_plus_what_was_counted_ahead_never_twice(step: QuotaStep) -> None:
     key = ("acme", "messages_in", DAY)
-    step.committed(3, {key: (10, {"edge-a": 10})})
-    step.counted(4, {key: {"edge-a": 5, "edge-b": 1}})
-    step.counted(5, {key: {"edge-b": 2}, ("acme", "messages_in", DAY - dt.timedelta(1)): {"x": 9}})
+    yesterday = ("acme", "messages_in", DAY - dt.timedelta(1))
+    step.committed({"edge-a": 3}, {key: (10, {"edge-a": 10})})
+    assert step.counted({("edge-a", 4): (key, 5), ("edge-b", 1): (key, 1)}) == {"acme"}
+    step.counted({("edge-b", 2): (key, 2), ("edge-a", 5): (yesterday, 9)})
     assert step.day_totals(DAY) == {("acme", "messages_in"): (18, {"edge-a": 15, "edge-b": 3})}
-    # usage commits batches 4 and 5 (its totals are the day's): what was counted goes.
-    step.committed(5, {key: (18, {"edge-a": 15, "edge-b": 3})})
+    # The same record counted again (the look ahead, then its batch) counts once.
+    assert step.counted({("edge-a", 4): (key, 5)}) == set()
+    assert step.day_totals(DAY)[("acme", "messages_in")][0] == 18
+    # usage commits those records (its totals are the day's): what was counted goes.
+    step.committed({"edge-a": 5, "edge-b": 2}, {key: (18, {"edge-a": 15, "edge-b": 3})})
     assert step.day_totals(DAY) == {("acme", "messages_in"): (18, {"edge-a": 15, "edge-b": 3})}
-    # A batch usage holds already is not counted again (the lane behind the usage step).
-    step.counted(5, {key: {"edge-a": 100}})
-    step.counted(6, {key: {"edge-a": 1}})
+    # A record usage holds already is not counted again (the lane behind the usage step).
+    assert step.counted({("edge-a", 5): (key, 100)}) == set()
+    step.counted({("edge-a", 6): (key, 1)})
     assert step.day_totals(DAY) == {("acme", "messages_in"): (19, {"edge-a": 16, "edge-b": 3})}
-    step.committed(6, {key: (19, {"edge-a": 16, "edge-b": 3})})
+    step.committed({"edge-a": 6}, {key: (19, {"edge-a": 16, "edge-b": 3})})
     # A usage commit that did not touch a group leaves its total as it was.
-    step.committed(7, {("globex", "bytes_in", DAY): (4, {"edge-a": 4})})
+    step.committed({"edge-a": 7}, {("globex", "bytes_in", DAY): (4, {"edge-a": 4})})
     assert step.day_totals(DAY)[("acme", "messages_in")] == (19, {"edge-a": 16, "edge-b": 3})
     assert step.day_totals(DAY)[("globex", "bytes_in")] == (4, {"edge-a": 4})
