@@ -6,9 +6,11 @@ from __future__ import annotations
 import datetime as dt
 import importlib.util
 import json
+import os
 import queue
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -455,14 +457,16 @@ def test_between_batches_the_edges_get_the_totals_of_a_tenant_near_its_limit(
     of the stream and sends the confirmed totals of a tenant past half a limit at once (the
     other edges' parts reach each edge sooner); it decides and records nothing without its
     batch."""
-    settings = make_settings(trigger_interval_seconds=60.0)  # one batch, then none for a minute
+    # One batch at the start, the next at the top of the hour (Spark aligns processing-time
+    # triggers to their interval): keep clear of it.
+    time.sleep(max(0.0, 120 - (3600 - time.time() % 3600)))
+    settings = make_settings(trigger_interval_seconds=3600.0)
     operator = clients("op-token", "usage-watch")
+    operator.subscribe("$control/usage/acme")
     write_counters(settings.journal_root, "edge-a", [Counter("acme", "messages_in", 10, 10)])
     query = pipeline.start(edgebus_spark, settings, acme_limited_to_100(edge))
     try:
-        query.processAllAvailable()  # the first batch: 10 of 100
-        operator.subscribe("$control/usage/acme")
-        first = json.loads(operator.next_message().payload)
+        first = json.loads(operator.next_message(timeout=60).payload)  # the first batch's
         assert first["totals"]["messages_in"] == {"total": 10, "nodes": {"edge-a": 10}}
         write_counters(settings.journal_root, "edge-b", [Counter("acme", "messages_in", 20, 50)])
         ahead = json.loads(operator.next_message(timeout=30).payload)
@@ -471,6 +475,12 @@ def test_between_batches_the_edges_get_the_totals_of_a_tenant_near_its_limit(
             "nodes": {"edge-a": 10, "edge-b": 50},
         }
         assert not table_exists(settings.table_path(quota.TABLE))  # nothing decided
-        assert len(query.recentProgress) <= 2  # no batch read those records
+        offsets = settings.checkpoint_path(pipeline.JOB) / "offsets"
+        planned = [name for name in os.listdir(offsets) if name.isdigit()]
+        assert planned == ["0"]  # no batch but the first was planned: none read those records
+        deadline = time.monotonic() + 60
+        while not query.recentProgress:  # batch 0 ends (its decision came before its end)
+            assert time.monotonic() < deadline, "the first batch did not end"
+            time.sleep(0.1)
     finally:
         query.stop()
