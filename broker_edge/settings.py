@@ -76,8 +76,9 @@ class EdgeSettings:
     max_deliveries_per_turn: int = 200_000
     # ... and a read whose packets took longer than this (seconds) to handle yields the same
     # way, so one client's costly packets (publishes matching many filters) delay the others'
-    # by about this much, not by a whole read's worth.
-    max_turn_seconds: float = 0.005
+    # by about this much, not by a whole read's worth (2 ms: another client's p99 round trip
+    # +5 ms under a flood where 5 ms turns gave +12 to +13 ms; BENCHMARKS.md, issue 10).
+    max_turn_seconds: float = 0.002
     # Seconds between $SYS/broker/... statistics updates (Mosquitto's sys_interval); 0 disables.
     sys_interval: float = 10.0
     # HOST:PORT of the HTTP port serving the durable journal to remote pipelines, and /healthz
