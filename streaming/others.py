@@ -54,6 +54,7 @@ from ingest.source import Offset, checkpointed_offset
 from sinks.delta import DeltaTableWriter
 from streaming import route
 from streaming.behind import Behind
+from streaming.checkpoint_files import write_durably
 from streaming.errors import PipelineError
 from streaming.usage import UsageStep
 
@@ -240,14 +241,7 @@ class OtherTables(Behind[tuple[int, bool]]):
 
     def _record(self, batch_id: int) -> None:
         """Write the progress file atomically (a crash leaves the old one or the new one)."""
-        self._checkpoint.mkdir(parents=True, exist_ok=True)
-        path = self._checkpoint / PROGRESS_FILE
-        temporary = path.with_name(f".{PROGRESS_FILE}.tmp")
-        with temporary.open("w", encoding="utf-8") as out:
-            out.write(str(batch_id))
-            out.flush()
-            os.fsync(out.fileno())
-        temporary.replace(path)
+        write_durably(self._checkpoint / PROGRESS_FILE, str(batch_id))
 
 
 def last_marked_done(checkpoint: Path) -> int | None:

@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -76,6 +75,7 @@ from sinks.delta import DeltaTableWriter, read_table, spark_schema
 from sinks.mqtt import DecisionPublisher
 from sinks.storage import LakePath
 from sinks.upsert import query_table, sql_string, table_exists
+from streaming.checkpoint_files import write_durably
 from streaming.errors import PipelineConfigError
 from streaming.quota_settings import QuotaSettings, TenantLimits
 from streaming.settings import PipelineSettings
@@ -494,13 +494,7 @@ class Intent:
             }
             for batch_id, events in batches
         ]
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self.path.with_name(f".{self.path.name}.tmp")
-        with temporary.open("w", encoding="utf-8") as out:
-            out.write(json.dumps(doc))
-            out.flush()
-            os.fsync(out.fileno())
-        temporary.replace(self.path)
+        write_durably(self.path, json.dumps(doc))
 
     def read(self) -> list[tuple[int, list[QuotaEvent]]]:
         if self.path is None:
@@ -518,18 +512,10 @@ class Intent:
 
 
 def _intended(rows: list[dict[str, Any]]) -> list[QuotaEvent]:
-    return [
-        QuotaEvent(
-            tenant=row["tenant"],
-            metric=row["metric"],
-            limit=row["limit"],
-            value=row["value"],
-            state=row["state"],
-            decided_at=datetime.fromisoformat(row["decided_at"]),
-            batch_id=row["batch_id"],
-        )
-        for row in rows
-    ]
+    """An intent's events (``decided_at`` as ISO text in the JSON)."""
+    return list(
+        _events({**row, "decided_at": datetime.fromisoformat(row["decided_at"])} for row in rows)
+    )
 
 
 def count_counters(counters: pa.Table) -> PendingCounts:
