@@ -9,10 +9,11 @@ decision reached the edge. So each edge also counts for itself, and refuses the 
 publishes (the refusals of a ``blocked`` decision) as soon as its estimate of the day total
 reaches a limit.
 
-**Confirmed totals.** With every usage commit that moved a tenant, and with every decision, the
-pipeline sends each edge the tenant's day totals as the lake holds them, *split by node*
-(``schemas.control.ConfirmedUsage`` on ``$control/usage/{tenant}``, retained): a node's part is
-the sum of that node's counter deltas the lake has for the day. The split is what makes adding
+**Confirmed totals.** With every batch that moved a tenant, with every decision, and between
+batches for a tenant past half a limit, the pipeline sends each edge the tenant's day totals as
+it has counted them (``usage`` plus the journaled counter records it does not hold yet), *split
+by node* (``schemas.control.ConfirmedUsage`` on ``$control/usage/{tenant}``, retained): a node's
+part is the sum of that node's counter deltas counted for the day. The split is what makes adding
 the edge's own count sound: the edge replaces its own part by what it counted itself, and
 adds only the other nodes' confirmed parts::
 

@@ -10,7 +10,8 @@ edge imports them and must stay free of pyarrow):
   highest seq of that node committed in every table (inclusive) and ``decided_at`` is ISO 8601
   (UTC). The edge deletes journal segments at or below it (retention, issue 9).
 - ``$control/usage/{tenant}`` (retained): the tenant's confirmed day totals and limits
-  (:class:`ConfirmedUsage`), after every usage commit that moved them and with every decision;
+  (:class:`ConfirmedUsage`), after every batch that moved them, with every decision, and
+  between batches once a tenant is past half a limit (``streaming.quota_lane``);
   each edge enforces the limits locally with them (``broker_edge.localquota``, issue 14).
 """
 
@@ -80,12 +81,13 @@ CONFIRMED_FIELDS = ("tenant", "date", "totals", "limits", "decided_at")
 
 @dataclass(frozen=True, slots=True)
 class ConfirmedUsage:
-    """A tenant's usage of UTC day ``date`` as the lake holds it (committed in ``usage``).
+    """A tenant's usage of UTC day ``date`` as the pipeline has counted it (what ``usage``
+    holds plus the journaled counter records it does not hold yet, ``streaming.quota``).
 
     ``totals``: per quota counter (``messages_in``, ``bytes_in``) the day total over every edge
     and each node's part of it, ``{"total": int, "nodes": {node: int}}``; a node's part is the
-    sum of the counter deltas of that node the lake has for the day, so an edge adds to it only
-    what it accepted itself and the lake does not hold yet. ``limits``: per quota metric
+    sum of the counter deltas of that node counted for the day, so an edge adds to it only
+    what it accepted itself and the pipeline has not counted yet. ``limits``: per quota metric
     (``messages_per_day``, ``bytes_per_day``) the limit the pipeline decides with (null: none).
     JSON: ``{"tenant", "date": "YYYY-MM-DD", "totals", "limits", "decided_at"}``.
     """
