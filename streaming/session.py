@@ -94,6 +94,13 @@ def delta_config(partitions: int = 4) -> Mapping[str, str]:
         # checkpoint plus at most ten JSON commits (maintenance and Delta checkpoint), and
         # Delta's default of 50 tasks cost a second per commit here (0.2 s for 4).
         "spark.databricks.delta.snapshotPartitions": "1",
+        # Room for every query's generated code: a pipeline's batch runs more than the 100
+        # distinct plans Spark's default keeps (the tables' writes, Delta's log replays and
+        # statistics, the usage and quota steps), so with the default each batch evicted what
+        # the next needed and compiled it again: ~20 Janino compiles a second in issue 9's
+        # soak, each a new class in metaspace and the JIT's code cache (the JVM's growth), and
+        # none once they all fit (BENCHMARKS.md, issue 9, 2026-11-27 23:17).
+        "spark.sql.codegen.cache.maxEntries": "1000",
         # VACUUM lists a table's directories with this many tasks (Spark's default: 10,000).
         "spark.sql.sources.parallelPartitionDiscovery.parallelism": str(partitions),
         "spark.jars": ",".join(delta_jars()),
