@@ -101,6 +101,12 @@ def delta_config(partitions: int = 4) -> Mapping[str, str]:
         # soak, each a new class in metaspace and the JIT's code cache (the JVM's growth), and
         # none once they all fit (BENCHMARKS.md, issue 9, 2026-11-27 23:17).
         "spark.sql.codegen.cache.maxEntries": "1000",
+        # The pools that run query stages start a thread per stage until they hold this many
+        # (Spark's default: 1,024 each), and each idle one lives for a minute: a pipeline that
+        # plans a few stages a second kept 150 threads in each, more as the rate rose. The
+        # pipeline runs a handful of queries at a time, each with a few stages.
+        "spark.sql.shuffleExchange.maxThreadThreshold": "64",
+        "spark.sql.resultQueryStage.maxThreadThreshold": "64",
         # VACUUM lists a table's directories with this many tasks (Spark's default: 10,000).
         "spark.sql.sources.parallelPartitionDiscovery.parallelism": str(partitions),
         "spark.jars": ",".join(delta_jars()),
