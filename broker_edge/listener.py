@@ -37,8 +37,13 @@ CLOSE_DRAIN_SECONDS = 1.0
 LINK_FIRST = MAGIC[:1]
 
 
-class MqttProtocol(asyncio.Protocol):
-    """One TCP connection's wiring; also its Connection's transport (``ConnectionIO``)."""
+class MqttProtocol(asyncio.BaseProtocol):
+    """One TCP connection's wiring; also its Connection's transport (``ConnectionIO``).
+
+    A plain protocol (``data_received``) as it stands: ``asyncio.Protocol`` is not among its
+    bases only so that :class:`BufferedMqttProtocol` can be a buffered one (uvloop takes any
+    ``asyncio.Protocol`` for a plain protocol, whatever else it is).
+    """
 
     # One per client: slots keep an idle connection small (issue 9: ≤ 3 KiB per connection).
     __slots__ = (
@@ -207,3 +212,29 @@ def peer_name(transport: asyncio.BaseTransport) -> str:
     """``HOST:PORT`` of the socket's other end, as logs and log events name it."""
     peer = transport.get_extra_info("peername")
     return f"{peer[0]}:{peer[1]}" if peer else "?"
+
+
+# What a TLS protocol decrypts into before BufferedMqttProtocol copies it out: one buffer for
+# the event loop's thread, filled and emptied within one read callback (see the class).
+_TLS_READ_SIZE = 256 * 1024 + 256
+_tls_read_buffer = memoryview(bytearray(_TLS_READ_SIZE))
+
+
+class BufferedMqttProtocol(MqttProtocol, asyncio.BufferedProtocol):
+    """MqttProtocol for TLS connections: the TLS protocol (uvloop's, asyncio's) decrypts into
+    a buffer it is given rather than into a new 256 KiB bytes object per read.
+
+    That allocation is above malloc's mmap threshold: each read mapped it, shrank it with
+    ``mremap`` and unmapped it, and with the journal's thread on the other core each unmap
+    interrupted that core to flush its TLB (issue 13: 15,000 ``mremap`` in 240,000 QoS 1
+    messages). The buffer is shared: the TLS protocol fills it and calls ``buffer_updated``
+    in the same callback, which copies what was read out before anything else runs.
+    """
+
+    __slots__ = ()
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return _tls_read_buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(bytes(_tls_read_buffer[:nbytes]))

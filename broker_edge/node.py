@@ -24,7 +24,7 @@ from broker_edge.broker import Broker
 from broker_edge.durability import GroupCommitter, JournalStatus
 from broker_edge.errors import ConfigError
 from broker_edge.http_api import HttpApi, HttpServer, check_exposure
-from broker_edge.listener import MqttProtocol
+from broker_edge.listener import BufferedMqttProtocol, MqttProtocol
 from broker_edge.localquota import until_midnight
 from broker_edge.mesh import MeshState
 from broker_edge.meshlink import Mesh
@@ -222,18 +222,21 @@ class EdgeNode:
 
     def _protocol_factory(
         self, kind: str, broker: Broker, loop: asyncio.AbstractEventLoop
-    ) -> Callable[[], asyncio.Protocol]:
+    ) -> Callable[[], asyncio.BaseProtocol]:
         """What each socket accepted by the ``kind`` listener starts with."""
 
-        def mqtt() -> asyncio.Protocol:
+        def mqtt() -> MqttProtocol:
             return MqttProtocol(broker, loop)
+
+        def mqtt_tls() -> MqttProtocol:
+            return BufferedMqttProtocol(broker, loop)
 
         refused = functools.partial(self._upgrade_refused, kind)
 
-        def websocket() -> asyncio.Protocol:
+        def websocket() -> asyncio.BaseProtocol:
             return WebSocketProtocol(loop, mqtt, self.settings.connect_timeout, refused)
 
-        inner = websocket if kind in ("ws", "wss") else mqtt
+        inner = websocket if kind in ("ws", "wss") else mqtt_tls if kind == "tls" else mqtt
         if kind in ("tls", "wss"):
             assert self._handshakes is not None
             return self._handshakes.gate(inner, kind)

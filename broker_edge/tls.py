@@ -90,7 +90,7 @@ class TlsGate(asyncio.Protocol):
     __slots__ = ("_handshakes", "_transport", "early", "inner", "kind")
 
     def __init__(
-        self, handshakes: Handshakes, inner: Callable[[], asyncio.Protocol], kind: str
+        self, handshakes: Handshakes, inner: Callable[[], asyncio.BaseProtocol], kind: str
     ) -> None:
         self._handshakes = handshakes
         self.inner = inner  # the protocol after the handshake
@@ -129,7 +129,7 @@ class Handshakes:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def gate(
-        self, inner: Callable[[], asyncio.Protocol], kind: str
+        self, inner: Callable[[], asyncio.BaseProtocol], kind: str
     ) -> Callable[[], asyncio.Protocol]:
         """A protocol factory for the ``kind`` listener's ``create_server``: TLS first, then
         ``inner()``."""
@@ -177,7 +177,8 @@ class Handshakes:
         else:
             if secure is None:  # the loop closed it meanwhile
                 return
-            waiting.hand_over(secure, gate.inner())
+            # A plain or a buffered protocol; either takes data_received (listener's MQTT).
+            waiting.hand_over(secure, typing.cast(asyncio.Protocol, gate.inner()))
 
     def close(self) -> None:
         for task in list(self._tasks):

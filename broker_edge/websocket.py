@@ -50,7 +50,7 @@ from wsproto.events import (
 from wsproto.frame_protocol import CloseReason
 from wsproto.utilities import RemoteProtocolError
 
-from broker_edge.listener import CLOSE_DRAIN_SECONDS, peer_name
+from broker_edge.listener import CLOSE_DRAIN_SECONDS, MqttProtocol, peer_name
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class WebSocketProtocol(asyncio.Protocol):
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
-        make_mqtt: Callable[[], asyncio.Protocol],
+        make_mqtt: Callable[[], MqttProtocol],
         handshake_timeout: float,
         refused: Callable[[str, str], None],
     ) -> None:
@@ -83,7 +83,7 @@ class WebSocketProtocol(asyncio.Protocol):
         self._make_mqtt = make_mqtt
         self._ws = WSConnection(ConnectionType.SERVER)
         self._transport: asyncio.Transport | None = None
-        self._mqtt: asyncio.Protocol | None = None
+        self._mqtt: MqttProtocol | None = None
         self._closing = False
         self._peer = "?"  # kept: a socket reset by the client no longer knows its peer
         self._handshake_timeout = handshake_timeout

@@ -410,3 +410,25 @@ class _WsClient:
             assert self.sock.recv(1) == b""
         self.sock.close()
         return event.code
+
+
+def test_tls_reads_larger_than_the_decrypt_buffer_and_from_several_clients_stay_whole(
+    tls_edge: RunningEdge, make_client: Any, certs: Certs
+) -> None:
+    """TLS connections decrypt into one shared buffer (broker_edge.listener,
+    BufferedMqttProtocol): a publish bigger than it arrives whole, and two publishers'
+    interleaved reads never mix."""
+    sub = make_client(**_on(tls_edge, "tls", certs))
+    sub.subscribe("fleet/#", qos=1)
+    pubs = [make_client(**_on(tls_edge, "tls", certs)) for _ in range(2)]
+    sent = []
+    for i in range(6):
+        for n, pub in enumerate(pubs):
+            size = 600_000 if i % 3 == 0 else 1_000 + i  # above the 256 KiB buffer, and small
+            payload = bytes([65 + n]) * size + f"/{n}/{i}".encode()
+            pub.publish(f"fleet/p{n}/telemetry", payload, qos=1)
+            sent.append((f"fleet/p{n}/telemetry", payload))
+    got = [sub.get() for _ in sent]
+    for n in range(2):
+        topic = f"fleet/p{n}/telemetry"
+        assert [m.payload for m in got if m.topic == topic] == [p for t, p in sent if t == topic]
