@@ -3,6 +3,8 @@ that keeps batch ids from restarting below a table's."""
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +22,16 @@ from sinks.delta import DeltaTableWriter
 from streaming import route
 from streaming.errors import PipelineError
 from streaming.settings import PipelineSettings
+
+logger = logging.getLogger(__name__)
+
+# Spark gives the Python process of a streaming source 10 s to start and connect back
+# (PythonWorkerFactory's constant, no setting); on a machine busy with other JVMs it can miss
+# that while the query initializes its sources, before it has planned, read or written anything.
+# Such a query is started again, at most this many times in all.
+START_ATTEMPTS = 3
+WORKER_TIMEOUT = "Python worker failed to connect back"
+_INITIALIZING = frozenset({"Initializing StreamExecution", "Initializing sources"})
 
 
 def journal_stream(
@@ -60,14 +72,39 @@ def start_query(
     checkpoint: Path,
     settings: PipelineSettings,
 ) -> StreamingQuery:
-    query: StreamingQuery = (
-        rows.writeStream.queryName(job)
-        .foreachBatch(sink)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(processingTime=f"{settings.trigger_interval_seconds} seconds")
-        .start()
-    )
-    return query
+    """Start the query, and once more (up to START_ATTEMPTS) when its source's Python worker
+    missed Spark's 10 s to connect back while the query initialized (see WORKER_TIMEOUT).
+    Returns once the query has initialized its sources (or failed otherwise: the caller sees
+    that failure as it waits on the query)."""
+    for attempt in range(1, START_ATTEMPTS + 1):
+        query: StreamingQuery = (
+            rows.writeStream.queryName(job)
+            .foreachBatch(sink)
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(processingTime=f"{settings.trigger_interval_seconds} seconds")
+            .start()
+        )
+        if attempt == START_ATTEMPTS or not _worker_missed_its_start(query):
+            return query
+        logger.warning(
+            "%s: its source's Python worker did not connect back within Spark's 10 s while the "
+            "query started (a busy machine); starting it again (attempt %d of %d)",
+            job,
+            attempt + 1,
+            START_ATTEMPTS,
+        )
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _worker_missed_its_start(query: StreamingQuery) -> bool:
+    """Wait until ``query`` has initialized its sources; whether it failed doing so because
+    a Python worker did not connect back in time."""
+    while query.isActive and query.status["message"] in _INITIALIZING:
+        time.sleep(0.05)
+    if query.isActive:
+        return False
+    failure = query.exception()
+    return failure is not None and WORKER_TIMEOUT in str(failure)
 
 
 def check_checkpoint(checkpoint: Path, writer: DeltaTableWriter) -> None:
