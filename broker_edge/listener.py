@@ -3,7 +3,8 @@ framing (:mod:`broker_edge.websocket`) that wrap it, the only code that touches 
 networking.
 
 One :class:`MqttProtocol` per connection (plain TCP, TLS or WebSocket: it only sees a
-transport) feeds bytes to the broker, which runs them through the connection's sans-IO
+transport; on the TLS listener its buffered subclass, :class:`BufferedMqttProtocol`) feeds
+bytes to the broker, which runs them through the connection's sans-IO
 :class:`~broker_edge.connection.Connection`, and after each read flushes every connection that
 got output (one ``transport.write`` each). This is also the one place where an exception
 becomes a DISCONNECT reason code: a :class:`ProtocolError` closes only that connection.
@@ -17,6 +18,7 @@ packets received (by the connection's decoder).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import typing
 
@@ -217,7 +219,13 @@ def peer_name(transport: asyncio.BaseTransport) -> str:
 # What a TLS protocol decrypts into before BufferedMqttProtocol copies it out: one buffer for
 # the event loop's thread, filled and emptied within one read callback (see the class).
 _TLS_READ_SIZE = 256 * 1024 + 256
-_tls_read_buffer = memoryview(bytearray(_TLS_READ_SIZE))
+
+
+@functools.cache
+def _tls_read_buffer() -> memoryview:
+    # Made at the first TLS read: a zero-filled bytearray touches every page, and an edge
+    # without a TLS listener has no use for them (issue 9: its RSS at start).
+    return memoryview(bytearray(_TLS_READ_SIZE))
 
 
 class BufferedMqttProtocol(MqttProtocol, asyncio.BufferedProtocol):
@@ -234,7 +242,7 @@ class BufferedMqttProtocol(MqttProtocol, asyncio.BufferedProtocol):
     __slots__ = ()
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return _tls_read_buffer
+        return _tls_read_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
-        self.data_received(bytes(_tls_read_buffer[:nbytes]))
+        self.data_received(bytes(_tls_read_buffer()[:nbytes]))

@@ -236,7 +236,7 @@ class EdgeNode:
         def websocket() -> asyncio.BaseProtocol:
             return WebSocketProtocol(loop, mqtt, self.settings.connect_timeout, refused)
 
-        inner = websocket if kind in ("ws", "wss") else mqtt_tls if kind == "tls" else mqtt
+        inner = {"tls": mqtt_tls, "ws": websocket, "wss": websocket}.get(kind, mqtt)
         if kind in ("tls", "wss"):
             assert self._handshakes is not None
             return self._handshakes.gate(inner, kind)

@@ -72,11 +72,12 @@ def start_query(
     checkpoint: Path,
     settings: PipelineSettings,
 ) -> StreamingQuery:
-    """Start the query, and once more (up to START_ATTEMPTS) when its source's Python worker
-    missed Spark's 10 s to connect back while the query initialized (see WORKER_TIMEOUT).
-    Returns once the query has initialized its sources (or failed otherwise: the caller sees
-    that failure as it waits on the query)."""
-    for attempt in range(1, START_ATTEMPTS + 1):
+    """Start the query, and again (up to START_ATTEMPTS in all) when its source's Python worker
+    missed Spark's 10 s to connect back while the query initialized (see WORKER_TIMEOUT); each
+    attempt but the last is waited on until it has initialized its sources. Any other failure
+    is the caller's to see as it waits on the query."""
+
+    def start() -> StreamingQuery:
         query: StreamingQuery = (
             rows.writeStream.queryName(job)
             .foreachBatch(sink)
@@ -84,16 +85,21 @@ def start_query(
             .trigger(processingTime=f"{settings.trigger_interval_seconds} seconds")
             .start()
         )
-        if attempt == START_ATTEMPTS or not _worker_missed_its_start(query):
-            return query
+        return query
+
+    query = start()
+    for attempt in range(2, START_ATTEMPTS + 1):
+        if not _worker_missed_its_start(query):
+            break
         logger.warning(
             "%s: its source's Python worker did not connect back within Spark's 10 s while the "
             "query started (a busy machine); starting it again (attempt %d of %d)",
             job,
-            attempt + 1,
+            attempt,
             START_ATTEMPTS,
         )
-    raise AssertionError("unreachable")  # pragma: no cover
+        query = start()
+    return query
 
 
 def _worker_missed_its_start(query: StreamingQuery) -> bool:

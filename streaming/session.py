@@ -99,7 +99,7 @@ def delta_config(partitions: int = 4) -> Mapping[str, str]:
         # statistics, the usage and quota steps), so with the default each batch evicted what
         # the next needed and compiled it again: ~20 Janino compiles a second in issue 9's
         # soak, each a new class in metaspace and the JIT's code cache (the JVM's growth), and
-        # none once they all fit (BENCHMARKS.md, issue 9, 2026-11-27 23:17).
+        # 4-6 a minute once they all fit (BENCHMARKS.md, issue 9, 2026-11-27 23:00).
         "spark.sql.codegen.cache.maxEntries": "1000",
         # The pools that run query stages start a thread per stage until they hold this many
         # (Spark's default: 1,024 each), and each idle one lives for a minute: a pipeline that
