@@ -137,10 +137,18 @@ def quota_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[QuotaRun]:
         roomy = Client(port, "roomy-1", "roomy-pub")
         clients += [tiny, roomy]
         first_burst = [tiny.publish() for _ in range(LIMIT + 5)]
-        # The edge stopped the tenant by itself (issue 14); the pipeline's decision follows.
+        # The edge stopped the tenant by itself (issue 14); the pipeline's decision follows. The
+        # pipeline logs it before sending it: wait for the edge's line, which applied it (its
+        # quota_blocked event must come before ``released_from``).
         wait_for(
             "the pipeline's block",
             run_says("quota: tenant tiny messages_per_day: blocked"),
+            PIPELINE_DEADLINE,
+            *procs,
+        )
+        wait_for(
+            "the edge's block",
+            run_says("broker_edge.tenancy: tenant tiny: quota_blocked (messages_per_day)"),
             PIPELINE_DEADLINE,
             *procs,
         )
