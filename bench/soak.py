@@ -43,6 +43,8 @@ NODE = "soak"
 OPERATOR_TOKEN = "soak-operator"
 DEVICE_TOKEN = "soak-device"
 TOPIC = "fleet/soak-{}/telemetry"
+# The trend the soak judges "flat" on: the load's last ten minutes (issue 9).
+STEADY_WINDOW_S = 600.0
 
 TENANTS = f"""
 [operator]
@@ -267,18 +269,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize(samples: list[dict[str, Any]], load_s: float) -> dict[str, Any]:
+    """Each figure's spread, and the memory's trend: over the second half of the samples, and
+    over the load's last :data:`STEADY_WINDOW_S` (the pipeline's JVM compiles for its first
+    minutes: a run longer than the window shows the steady state after that warm-up)."""
+
     def stat(key: str) -> dict[str, float]:
         values = [s[key] for s in samples if s.get(key) is not None]
         return {"min": min(values), "median": statistics.median(values), "max": max(values)}
 
     keys = ("journal_bytes", "segments", "edge_rss_kib", "pipeline_rss_kib", "pipeline_pss_kib")
+    steady = [s for s in samples if load_s - STEADY_WINDOW_S <= s["t_s"] <= load_s]
     return {k: stat(k) for k in keys} | {
         "lag_records": stat("lag_records"),
         # The trend of the second half of the run (after the start-up catch-up and warm-up).
         "second_half_mib_per_min": {
             k: slope_mib_per_min(samples[len(samples) // 2 :], k)
             for k in ("edge_rss_kib", "pipeline_pss_kib")
+        },
+        "last_10_minutes_of_load_mib_per_min": {
+            k: slope_mib_per_min(steady, k) for k in ("edge_rss_kib", "pipeline_pss_kib")
         },
     }
 
@@ -316,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if temporary and not args.keep:
             shutil.rmtree(args.work, ignore_errors=True)
-    result["summary"] = summarize(result["samples"])
+    result["summary"] = summarize(result["samples"], args.minutes * 60)
     result["args"] = {k: str(v) for k, v in vars(args).items()}
     result["machine"] = compare.machine_info()
     result["started"] = started.isoformat()
