@@ -140,7 +140,16 @@ def timed_run(spark: SparkSession, settings: PipelineSettings, written: int) -> 
         ],
         "sustained_rows_per_s": round(steady_rows / steady_s) if steady_s else None,
         "driver_peak_rss_mib": peak_rss,
+        "messages_bytes": data_bytes(settings.table_path("messages")),
     }
+
+
+def data_bytes(table: LakePath) -> int | None:
+    """The bytes of a local table's data files (the bench only appends: every file is live);
+    None for a table in a bucket."""
+    if not isinstance(table, Path):
+        return None
+    return sum(f.stat().st_size for f in table.rglob("*.parquet") if "_delta_log" not in f.parts)
 
 
 def main(argv: list[str] | None = None) -> int:
