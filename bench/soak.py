@@ -271,15 +271,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def summarize(samples: list[dict[str, Any]], load_s: float) -> dict[str, Any]:
     """Each figure's spread, and the memory's trend: over the second half of the samples, and
-    over the load's last :data:`STEADY_WINDOW_S` (the pipeline's JVM compiles for its first
-    minutes: a run longer than the window shows the steady state after that warm-up)."""
+    over the load's last :data:`STEADY_WINDOW_S` when the load lasted twice that (the
+    pipeline's JVM compiles for its first minutes: the window shows the steady state after
+    that warm-up; None for a shorter run)."""
 
     def stat(key: str) -> dict[str, float]:
         values = [s[key] for s in samples if s.get(key) is not None]
         return {"min": min(values), "median": statistics.median(values), "max": max(values)}
 
     keys = ("journal_bytes", "segments", "edge_rss_kib", "pipeline_rss_kib", "pipeline_pss_kib")
-    steady = [s for s in samples if load_s - STEADY_WINDOW_S <= s["t_s"] <= load_s]
+    # Only after a warm-up as long as the window: a shorter run's window would hold the start.
+    warm = load_s >= 2 * STEADY_WINDOW_S
+    steady = [s for s in samples if load_s - STEADY_WINDOW_S <= s["t_s"] <= load_s] if warm else []
     return {k: stat(k) for k in keys} | {
         "lag_records": stat("lag_records"),
         # The trend of the second half of the run (after the start-up catch-up and warm-up).

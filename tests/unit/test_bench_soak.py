@@ -37,3 +37,12 @@ def test_a_growth_in_the_last_ten_minutes_is_its_slope() -> None:
     growing = [sample(60 * m, 3000 + 2.5 * m) for m in range(31)]
     summary = summarize(growing, load_s=30 * 60)
     assert summary["last_10_minutes_of_load_mib_per_min"]["pipeline_pss_kib"] == 2.5
+
+
+def test_a_run_shorter_than_twice_the_window_has_no_steady_trend() -> None:
+    ten_minutes = [sample(60 * m, 1000 + 300 * min(m, 3)) for m in range(11)]
+    summary = summarize(ten_minutes, load_s=10 * 60)
+    assert summary["last_10_minutes_of_load_mib_per_min"] == {
+        "edge_rss_kib": None,
+        "pipeline_pss_kib": None,
+    }
