@@ -384,16 +384,51 @@ class EdgebusStreamReader(DataSourceStreamReader):
         if partition.edge is not None:
             from ingest.remote import read_range
 
-            yield from read_range(
-                partition.edge,
-                self._options.token,
-                partition.node,
-                partition.after_seq,
-                partition.upto_seq,
+            yield from coalesced(
+                read_range(
+                    partition.edge,
+                    self._options.token,
+                    partition.node,
+                    partition.after_seq,
+                    partition.upto_seq,
+                )
             )
             return
         journal = JournalReader(self._root / partition.node)
-        yield from journal.read(partition.after_seq, partition.upto_seq)
+        yield from coalesced(journal.read(partition.after_seq, partition.upto_seq))
+
+
+# Rows per Arrow batch the source hands Spark. A journal frame holds what one group commit
+# took (a median of 11 records at 10,000 msgs/s), and each batch costs Spark and the Python
+# worker a fixed amount on its way: a 20,000-row range in 1,000 batches spent most of its
+# task's time on that (BENCHMARKS.md, issue 12, 2026-11-28).
+READ_BATCH_ROWS = 16_384
+
+
+def coalesced(
+    batches: Iterator[pa.RecordBatch], rows: int = READ_BATCH_ROWS
+) -> Iterator[pa.RecordBatch]:
+    """The rows of ``batches`` in order, consecutive batches joined until they hold ``rows``
+    (the last one may hold fewer); batches of different schemas are never joined."""
+    pending: list[pa.RecordBatch] = []
+    held = 0
+    for batch in batches:
+        if pending and batch.schema != pending[0].schema:
+            yield _joined(pending)
+            pending, held = [], 0
+        pending.append(batch)
+        held += batch.num_rows
+        if held >= rows:
+            yield _joined(pending)
+            pending, held = [], 0
+    if pending:
+        yield _joined(pending)
+
+
+def _joined(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    import pyarrow as pa
+
+    return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
 
 
 def local_ends(journal_root: Path, journal: Callable[[str], JournalReader]) -> Offset:
