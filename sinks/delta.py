@@ -95,7 +95,9 @@ class DeltaTableWriter:
         unknown = [name for name in stats_columns if name not in schema.names]
         if unknown:
             raise SinkSchemaError(f"stats columns not in the schema: {unknown}")
-        self._properties = {STATS_COLUMNS: ",".join(stats_columns)} if stats_columns else {}
+        self._properties = {CHECKPOINT_INTERVAL: str(CHECKPOINT_EVERY)}
+        if stats_columns:
+            self._properties[STATS_COLUMNS] = ",".join(stats_columns)
         self._ensured = False
         # (table version, batch id) of this writer's last append: the replay check's answer
         # while no other commit follows it.
@@ -139,13 +141,16 @@ class DeltaTableWriter:
         from delta.tables import DeltaTable as SparkDeltaTable
 
         if _is_table(self._location):
-            have = open_delta(self._location).metadata().configuration
+            self.upgrade(spark)
+            table = open_delta(self._location)
+            have = table.metadata().configuration
             missing = {k: v for k, v in self._properties.items() if have.get(k) != v}
-            if missing:
+            # A table of another schema is left untouched, for the schema check to refuse.
+            ours = {field.name for field in table.schema().fields} == set(self._schema.names)
+            if missing and ours:
                 settings = ", ".join(f"'{k}' = '{v}'" for k, v in missing.items())
                 spark.sql(f"ALTER TABLE delta.`{self._path}` SET TBLPROPERTIES ({settings})")
                 logger.info("%s: set %s", self._path, settings)
-            self.upgrade(spark)
             self._ensured = True
             return
         builder = (
@@ -547,6 +552,15 @@ def _rows_in(files: Any) -> int | None:
 # files with them). Collecting them costs about as much as writing the rows, so the hot tables
 # keep them for the columns queries filter on, not for every column (Delta's default: 32).
 STATS_COLUMNS = "delta.dataSkippingStatsColumns"
+
+# Delta writes a checkpoint after every this many commits, in the committing thread, before the
+# next batch can start: a Spark job of 1.9-3.6 s on a table a stream commits to twice a second
+# (Delta's default: 10 commits), which queued every record behind it. Each checkpoint of the
+# stream's tables now comes after 100 commits; maintenance writes one at the newest version as
+# well. Readers replay at most that many JSON commits after the checkpoint (BENCHMARKS.md,
+# issue 12, 2026-11-28).
+CHECKPOINT_INTERVAL = "delta.checkpointInterval"
+CHECKPOINT_EVERY = 100
 
 # How often a replacement that lost a commit race to a compaction is planned again.
 REPLACE_ATTEMPTS = 5

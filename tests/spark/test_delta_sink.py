@@ -129,7 +129,10 @@ def test_the_table_has_the_declared_schema_and_partitions(
     assert (protocol.min_reader_version, protocol.min_writer_version) == (1, 2)
     # One commit made the table and holds the first batch, with the session's table defaults.
     assert (delta.version(), delta.transaction_version(APP)) == (0, 0)
-    assert delta.metadata().configuration == {"delta.enableDeletionVectors": "false"}
+    assert delta.metadata().configuration == {
+        "delta.enableDeletionVectors": "false",
+        "delta.checkpointInterval": "100",
+    }
 
 
 def test_an_empty_first_batch_still_makes_the_table_with_its_properties(
