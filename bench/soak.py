@@ -43,7 +43,7 @@ NODE = "soak"
 OPERATOR_TOKEN = "soak-operator"
 DEVICE_TOKEN = "soak-device"
 TOPIC = "fleet/soak-{}/telemetry"
-# The trend the soak judges "flat" on: the load's last ten minutes (issue 9).
+# The steady state's window: the load's last ten minutes, reported for a load of twice that.
 STEADY_WINDOW_S = 600.0
 
 TENANTS = f"""

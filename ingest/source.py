@@ -14,9 +14,9 @@ Where the pieces run:
   the driver, on one :class:`EdgebusStreamReader` object per query run. ``latestOffset`` reads
   only frame headers (``JournalReader.last_seq``).
 * ``read`` runs on the executors, one call per :class:`JournalRange`; it yields the journal's
-  Arrow record batches as they are on disk (Spark 4.1 accepts ``pyarrow.RecordBatch`` from a
-  Python stream reader), sliced at the range edges. Heavy imports happen there, not at import
-  time.
+  Arrow record batches (Spark 4.1 accepts ``pyarrow.RecordBatch`` from a Python stream reader),
+  sliced at the range edges, consecutive frames joined into batches of :data:`READ_BATCH_ROWS`
+  rows. Heavy imports happen there, not at import time.
 
 Journals over the network (option ``edges``, issue 12): besides the node directories under
 ``path``, each edge ``HOST:PORT`` serves its node's durable journal over HTTP

@@ -133,7 +133,8 @@ class DeltaTableWriter:
     def ensure(self, spark: SparkSession) -> None:
         """Create the table (empty, with the declared schema, partitioning and properties) if
         it is not there yet, or give a table made before the properties and the columns it
-        lacks (:meth:`upgrade`). Creating it first keeps its schema the declared one: the
+        lacks (:meth:`upgrade`); a table of other columns is left as it is, for the schema
+        check to refuse before a write. Creating it first keeps its schema the declared one: the
         nullability and types of ``schemas/``, not whatever a first batch happens to carry.
         Checked once per writer."""
         if self._ensured:
