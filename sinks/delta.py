@@ -45,6 +45,18 @@ logger = logging.getLogger(__name__)
 # The name a table is registered under for one read_table query; never visible to callers.
 _QUERY_TABLE = "delta_table"
 
+# Delta writes a checkpoint after every ``delta.checkpointInterval`` commits, in the committing
+# thread, before the next batch can start: a Spark job of 1.9-3.6 s on a table a stream commits
+# to twice a second (Delta's default: 10 commits), which queued every record behind it. The
+# tables' interval is set beyond reach (a million commits: about six days of a stream's
+# commits, twice a second), and every writer writes a checkpoint each CHECKPOINT_EVERY
+# versions in a thread of its own (DeltaTableWriter.checkpoint_ahead); maintenance writes one
+# at the newest version as well. Readers replay about that many JSON commits after a
+# checkpoint at most (BENCHMARKS.md, issue 12, 2026-11-28).
+CHECKPOINT_INTERVAL = "delta.checkpointInterval"
+INLINE_CHECKPOINT_INTERVAL = 1_000_000
+CHECKPOINT_EVERY = 100
+
 
 # The column :meth:`DeltaTableWriter.replace` adds to the stored rows: the name of the data file
 # each row is in (the last part of its path).
@@ -70,7 +82,9 @@ class DeltaTableWriter:
 
     ``app_id`` names the writing query; keep it stable across restarts from the same
     checkpoint. The table is created from ``schema`` (the one declaration in ``schemas/``) the
-    first time it is written, never inferred from a batch.
+    first time it is written, never inferred from a batch. Every ``checkpoint_every``-th
+    version it commits gets a Delta checkpoint written by a thread of its own
+    (:meth:`checkpoint_ahead`), never in the committing thread.
     """
 
     def __init__(
@@ -80,6 +94,7 @@ class DeltaTableWriter:
         schema: pa.Schema,
         partition_by: Sequence[str] = (),
         stats_columns: Sequence[str] = (),
+        checkpoint_every: int = CHECKPOINT_EVERY,
     ) -> None:
         if not app_id:
             raise ValueError("app_id must not be empty")
@@ -95,7 +110,11 @@ class DeltaTableWriter:
         unknown = [name for name in stats_columns if name not in schema.names]
         if unknown:
             raise SinkSchemaError(f"stats columns not in the schema: {unknown}")
-        self._properties = {CHECKPOINT_INTERVAL: str(CHECKPOINT_EVERY)}
+        if checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be >= 1, got {checkpoint_every}")
+        self._checkpoint_every = checkpoint_every
+        self._checkpointing: threading.Thread | None = None
+        self._properties = {CHECKPOINT_INTERVAL: str(INLINE_CHECKPOINT_INTERVAL)}
         if stats_columns:
             self._properties[STATS_COLUMNS] = ",".join(stats_columns)
         self._ensured = False
@@ -476,7 +495,58 @@ class DeltaTableWriter:
         )
         version: int = txn.commit(files.appended(marker), operation)
         self._committed = (version, batch_id)
+        if version and version % self._checkpoint_every == 0:
+            self.checkpoint_ahead(spark, version)
         return version
+
+    def checkpoint_ahead(self, spark: SparkSession, version: int) -> bool:
+        """Write Delta's checkpoint of the table at ``version`` (just committed) in a thread of
+        its own, and clean up the log behind it as Delta does after its own checkpoints; False
+        when the last one is still being written (the next one due catches up).
+
+        Delta writes its checkpoint after the commit, in the committing thread, every
+        ``delta.checkpointInterval`` commits: a Spark job of 2-3.6 s on the stream's path, which
+        every record queued behind (BENCHMARKS.md, issue 12). The tables' own interval is set
+        beyond reach (:data:`INLINE_CHECKPOINT_INTERVAL`) and the writer writes it here
+        instead. A checkpoint is an optional file beside the commits it sums up: one cut short
+        by a crash is ignored by every reader, and maintenance writes one at the newest
+        version all the same."""
+        if self._checkpointing is not None and self._checkpointing.is_alive():
+            logger.info(
+                "%s: checkpoint at %d skipped, the last one is running", self._path, version
+            )
+            return False
+        jvm = spark._jvm
+        assert jvm is not None
+        log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, self._path)
+        snapshot = log.unsafeVolatileSnapshot()
+        none = jvm.scala.Option.empty()
+
+        def write() -> None:
+            began = time.monotonic()
+            try:
+                log.checkpointAndCleanUpDeltaLog(snapshot, none)
+            except Exception as exc:  # maintenance writes one at the newest version anyway
+                logger.warning("%s: checkpoint at %d failed: %s", self._path, version, exc)
+                return
+            logger.info(
+                "%s: checkpoint at %d written in %.2f s",
+                self._path,
+                snapshot.version(),
+                time.monotonic() - began,
+            )
+
+        self._checkpointing = threading.Thread(target=write, name="delta-checkpoint", daemon=True)
+        self._checkpointing.start()
+        return True
+
+    def wait_checkpoint(self, timeout: float | None = None) -> bool:
+        """Wait for the checkpoint being written, if any; False while it still runs."""
+        thread = self._checkpointing
+        if thread is None:
+            return True
+        thread.join(timeout)
+        return not thread.is_alive()
 
     def _check_schema(self, table_json: str, rows: StructType) -> None:
         """The table's columns and types (nullability aside) are the rows': the check Delta's
@@ -553,15 +623,6 @@ def _rows_in(files: Any) -> int | None:
 # files with them). Collecting them costs about as much as writing the rows, so the hot tables
 # keep them for the columns queries filter on, not for every column (Delta's default: 32).
 STATS_COLUMNS = "delta.dataSkippingStatsColumns"
-
-# Delta writes a checkpoint after every this many commits, in the committing thread, before the
-# next batch can start: a Spark job of 1.9-3.6 s on a table a stream commits to twice a second
-# (Delta's default: 10 commits), which queued every record behind it. Each checkpoint of the
-# stream's tables now comes after 100 commits; maintenance writes one at the newest version as
-# well. Readers replay at most that many JSON commits after the checkpoint (BENCHMARKS.md,
-# issue 12, 2026-11-28).
-CHECKPOINT_INTERVAL = "delta.checkpointInterval"
-CHECKPOINT_EVERY = 100
 
 # How often a replacement that lost a commit race to a compaction is planned again.
 REPLACE_ATTEMPTS = 5

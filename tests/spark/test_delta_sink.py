@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import subprocess
 import sys
 import textwrap
@@ -17,7 +18,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812
 
 from schemas.tables import MESSAGES_PARTITION_BY, MESSAGES_SCHEMA
-from sinks.delta import FILE_COLUMN, DeltaTableWriter, Replacement, read_table, spark_schema
+from sinks.delta import (
+    FILE_COLUMN,
+    INLINE_CHECKPOINT_INTERVAL,
+    DeltaTableWriter,
+    Replacement,
+    read_table,
+    spark_schema,
+)
 from sinks.errors import DeltaSinkError, SinkSchemaError
 
 pytestmark = pytest.mark.spark
@@ -131,7 +139,7 @@ def test_the_table_has_the_declared_schema_and_partitions(
     assert (delta.version(), delta.transaction_version(APP)) == (0, 0)
     assert delta.metadata().configuration == {
         "delta.enableDeletionVectors": "false",
-        "delta.checkpointInterval": "100",
+        "delta.checkpointInterval": str(INLINE_CHECKPOINT_INTERVAL),
     }
 
 
@@ -152,6 +160,35 @@ def test_an_empty_first_batch_still_makes_the_table_with_its_properties(
     other = DeltaTable(str(tmp_path / "other"))
     assert other.metadata().configuration == delta.metadata().configuration
     assert other.schema() == delta.schema()
+
+
+def test_every_nth_version_is_checkpointed_by_a_thread_of_the_writer(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    path = tmp_path / "messages"
+    writer = DeltaTableWriter(path, APP, MESSAGES_SCHEMA, MESSAGES_PARTITION_BY, checkpoint_every=2)
+    for batch_id in range(5):
+        writer.append(batch_id, frame(spark, message(batch_id)))
+        assert writer.wait_checkpoint(timeout=60)
+
+    log = path / "_delta_log"
+    made = sorted(int(p.name.split(".")[0]) for p in log.glob("*.checkpoint.parquet"))
+    assert made == [2, 4]
+    assert json.loads((log / "_last_checkpoint").read_text())["version"] == 4
+    # Delta's own checkpoint in the committing thread is out of reach.
+    delta = DeltaTable(str(path))
+    assert delta.metadata().configuration["delta.checkpointInterval"] == "1000000"
+    # A reader starting from the checkpoint sees every batch and the app transaction.
+    assert (delta.version(), delta.transaction_version(APP)) == (4, 4)
+    assert sorted(read_table(writer.path, columns=["seq"]).column("seq").to_pylist()) == [
+        0,
+        1,
+        2,
+        3,
+        4,
+    ]
+    with pytest.raises(ValueError, match="checkpoint_every"):
+        DeltaTableWriter(path, APP, MESSAGES_SCHEMA, checkpoint_every=0)
 
 
 def test_rows_come_back_with_the_table_types(spark: SparkSession, writer: DeltaTableWriter) -> None:
