@@ -279,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--payload", type=int, default=200, help="payload bytes")
     parser.add_argument("--trigger-interval", type=float, default=0.5, help="pipeline setting")
     parser.add_argument("--max-records-per-batch", type=int, default=None, help="pipeline")
+    parser.add_argument(
+        "--others-interval", type=float, default=None, help="pipeline (default: its default)"
+    )
     parser.add_argument("--timeout", type=float, default=180.0, help="wait for the last rows")
     parser.add_argument("--workdir", type=Path, help="keep data and logs here (default: temp)")
     args = parser.parse_args(argv)
@@ -298,6 +301,11 @@ def main(argv: list[str] | None = None) -> int:
         lake=work / "lake",
         trigger_interval_seconds=args.trigger_interval,
         max_records_per_batch=args.max_records_per_batch or defaults.max_records_per_batch,
+        others_interval_seconds=(
+            defaults.others_interval_seconds
+            if args.others_interval is None
+            else args.others_interval
+        ),
         quality_interval_seconds=0,
         maintenance_interval_seconds=0,
     )
@@ -378,6 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         "measured_s": args.duration,
         "trigger_interval_s": settings.trigger_interval_seconds,
         "max_records_per_batch": settings.max_records_per_batch,
+        "others_interval_s": settings.others_interval_seconds,
         "sent": load["sent"],
         "acked": load["acked"],
         "send_rate_msgs_per_s": round(load["send_rate"]),

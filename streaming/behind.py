@@ -6,6 +6,8 @@ Theory of operation
 The stream's ``foreachBatch`` hands each batch over (:meth:`Behind._hand`) and returns; the
 thread takes everything handed over since it last looked, in order, and works it through as
 one (:meth:`Behind._work`: one read and one commit for several batches when it fell behind).
+With an interval, a work starts at most once per interval and what comes meanwhile waits for
+it: fewer, larger works, where each costs mostly per call (a commit), not per batch.
 A failure stops the thread and is raised by the next hand-over, so the stream's next batch
 fails with it (and by :meth:`Behind.check`, which a long run calls while no batch comes).
 :meth:`Behind.drain` waits for what was handed over; :meth:`Behind.close` lets the thread
@@ -38,7 +40,16 @@ class Behind(Generic[Handed]):
     # Seconds without anything handed over after which the thread calls ``_idle`` (None: never).
     idle_seconds: float | None = None
 
-    def __init__(self) -> None:
+    def __init__(self, interval_seconds: float = 0.0, hurry_at: int | None = None) -> None:
+        if interval_seconds < 0:
+            raise ValueError(f"interval_seconds must be >= 0, got {interval_seconds}")
+        # The least time between the starts of two works: what comes meanwhile waits and is
+        # done as one (the work's cost is mostly per call, not per batch) ...
+        self._interval = interval_seconds
+        self._next_start = 0.0
+        # ... unless this many items wait: then at once, before the stream has to wait.
+        self._hurry_at = hurry_at
+        self._draining = 0  # callers of drain, who want it all done now
         self._changed = threading.Condition()
         self._handed: list[Handed] = []
         self._busy = False
@@ -51,14 +62,19 @@ class Behind(Generic[Handed]):
         :class:`PipelineError` when ``timeout`` passes first."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._changed:
-            while self._error is None and (self._handed or self._busy):
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise PipelineError(
-                        f"{self.what} did not catch up within {timeout} s{self._progress()}"
-                    )
-                self._changed.wait(left)
-            self._raise_failure()
+            self._draining += 1  # the interval does not hold back what a caller waits for
+            self._changed.notify_all()
+            try:
+                while self._error is None and (self._handed or self._busy):
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        raise PipelineError(
+                            f"{self.what} did not catch up within {timeout} s{self._progress()}"
+                        )
+                    self._changed.wait(left)
+                self._raise_failure()
+            finally:
+                self._draining -= 1
 
     def check(self) -> None:
         """Raise the thread's failure, if it failed."""
@@ -100,6 +116,18 @@ class Behind(Generic[Handed]):
         """How far the work got, for the error of a drain that timed out."""
         return ""
 
+    def _wait_interval(self) -> None:
+        """Until the interval since the last work's start is over (at once when closing or
+        draining, when ``hurry_at`` items wait, or with nothing handed over: the idle call does
+        not wait)."""
+        while self._handed and not self._closing and not self._draining:
+            if self._hurry_at is not None and len(self._handed) >= self._hurry_at:
+                return
+            left = self._next_start - time.monotonic()
+            if left <= 0:
+                return
+            self._changed.wait(left)
+
     def _raise_failure(self) -> None:
         if self._error is not None:
             raise PipelineError(f"{self.what} failed: {self._error}") from self._error
@@ -112,7 +140,10 @@ class Behind(Generic[Handed]):
                         break  # idle for idle_seconds
                 if not self._handed and self._closing:
                     return
+                self._wait_interval()
                 taken = list(self._handed)
+                if taken:
+                    self._next_start = time.monotonic() + self._interval
                 self._busy = bool(taken)
             try:
                 if taken:

@@ -13,7 +13,10 @@ from a batch read of the journal range
 destinations' rows cross to the JVM). Every batch handed over while it worked goes in one read
 and one commit per table, committed as the newest of those batch ids with each table's Delta
 app transaction, as before. A batch whose ``messages`` commit holds all its records has no
-other rows and is not read again.
+other rows and is not read again. A write starts at most every ``others_interval_seconds``
+(:class:`~streaming.behind.Behind`'s interval): a write costs seconds of the machine whatever
+its rows, and after every batch these tables took more of it than ``messages`` did; it starts
+at once when half of :data:`MAX_LAG` batches wait, and for a drain or a stop.
 
 Progress. Each *unit* (``logs``, ``quarantine``, the usage step) is done through a batch id;
 once all are, the thread records it in ``{checkpoint}/others`` (written before the query first
@@ -87,8 +90,9 @@ class OtherTables(Behind[tuple[int, bool]]):
         appends: dict[str, DeltaTableWriter],
         usage: UsageStep,
         metrics: PipelineMetrics | None = None,
+        interval_seconds: float = 0.0,
     ) -> None:
-        super().__init__()
+        super().__init__(interval_seconds, hurry_at=MAX_LAG // 2)
         self._checkpoint = checkpoint
         self._journals = journals  # the journal source's options, for the batch reads
         self._appends = appends  # logs and quarantine

@@ -136,6 +136,7 @@ class TableFanout:
             },
             usage,
             metrics,
+            settings.others_interval_seconds,
         )
         # The quota step decides ahead of the other tables (streaming.quota_lane).
         self.quota = (

@@ -35,6 +35,11 @@ class PipelineSettings:
     trigger_interval_seconds: float = 0.5
     shuffle_partitions: int = 4
     driver_memory: str = "2g"
+    # The tables behind the stream (logs, quarantine, usage) are written at most this often
+    # (0: as soon as a batch is handed over), each write holding every batch since the last:
+    # their commits cost about the same whatever their rows, and written after every batch they
+    # took more of the machine than messages (BENCHMARKS.md, issue 12, 2026-11-28).
+    others_interval_seconds: float = 5.0
     # Data quality: every table's great-expectations suite runs this often (0: never).
     quality_interval_seconds: float = 600.0
     # Table maintenance: compaction, checkpoint and vacuum run this often (0: never) ...
@@ -63,7 +68,11 @@ class PipelineSettings:
             raise PipelineConfigError(
                 f"pipeline.shuffle_partitions: must be >= 1, got {self.shuffle_partitions}"
             )
-        for key in ("quality_interval_seconds", "maintenance_interval_seconds"):
+        for key in (
+            "others_interval_seconds",
+            "quality_interval_seconds",
+            "maintenance_interval_seconds",
+        ):
             if getattr(self, key) < 0:
                 raise PipelineConfigError(f"pipeline.{key}: must be >= 0, got {getattr(self, key)}")
         if self.vacuum_retention_hours < 0:
