@@ -55,6 +55,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -378,8 +379,6 @@ class EdgebusStreamReader(DataSourceStreamReader):
     # --- executor side --------------------------------------------------------------------------
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        from ingest.journal import JournalReader
-
         assert isinstance(partition, JournalRange)
         if partition.edge is not None:
             from ingest.remote import read_range
@@ -394,8 +393,29 @@ class EdgebusStreamReader(DataSourceStreamReader):
                 )
             )
             return
-        journal = JournalReader(self._root / partition.node)
+        journal = worker_journal(self._root / partition.node)
         yield from coalesced(journal.read(partition.after_seq, partition.upto_seq))
+
+
+# The journal readers of this thread, one per node directory, kept from task to task: Spark runs
+# a Python worker's tasks one after another in the same process, and a new reader scans its
+# segment's frame headers from the start (50-70 ms of an 8,000-frame segment, every batch), where
+# a kept one goes on from where it stopped. Per thread: a reader's index is not shared between
+# threads (the driver reads counters in a thread of its own, streaming.quota_lane).
+_WORKER = threading.local()
+
+
+def worker_journal(node_dir: Path) -> JournalReader:
+    """This thread's reader of the journal at ``node_dir`` (made on first use)."""
+    from ingest.journal import JournalReader
+
+    readers: dict[Path, JournalReader] | None = getattr(_WORKER, "readers", None)
+    if readers is None:
+        readers = _WORKER.readers = {}
+    reader = readers.get(node_dir)
+    if reader is None:
+        reader = readers[node_dir] = JournalReader(node_dir)
+    return reader
 
 
 # Rows per Arrow batch the source hands Spark. A journal frame holds what one group commit

@@ -3,6 +3,7 @@ journal frame (a frame holds what one group commit took: about ten records at 10
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pyarrow as pa
@@ -14,7 +15,23 @@ from ingest.source import (
     JournalRange,
     SourceOptions,
     coalesced,
+    worker_journal,
 )
+
+
+def _append(writer: JournalWriter, count: int) -> None:
+    """``count`` records in one frame (one group commit)."""
+    for i in range(count):
+        writer.append(
+            ts_us=1_000 + i,
+            tenant="t",
+            client_id="c",
+            topic="a/b",
+            qos=1,
+            retain=False,
+            payload=b"x" * 50,
+        )
+    writer.flush()
 
 
 def numbered(first: int, count: int) -> pa.RecordBatch:
@@ -48,22 +65,35 @@ def test_the_source_reads_a_journal_of_small_frames_as_few_batches_with_every_re
 ) -> None:
     records = 2 * READ_BATCH_ROWS + 500
     with JournalWriter.open(tmp_path, "node-a", fsync=False) as writer:
-        for i in range(records):
-            writer.append(
-                ts_us=1_000 + i,
-                tenant="t",
-                client_id="c",
-                topic="a/b",
-                qos=1,
-                retain=False,
-                payload=b"x" * 50,
-            )
-            if i % 10 == 9:
-                writer.flush()  # a group commit of ten records: one frame
-        writer.flush()
+        for _ in range(records // 10):
+            _append(writer, 10)  # a group commit of ten records: one frame
+        _append(writer, records % 10)
     assert len(list(JournalReader(tmp_path / "node-a").read(0, records))) == records // 10 + 1
     # What Spark's task for the range gets from the source (an executor's side).
     reader = EdgebusStreamReader(SourceOptions.parse({"path": str(tmp_path)}))
     batches = list(reader.read(JournalRange("node-a", 0, records)))
     assert [b.num_rows for b in batches] == [READ_BATCH_ROWS + 6, READ_BATCH_ROWS + 6, 488]
     assert pa.Table.from_batches(batches)["seq"].to_pylist() == list(range(1, records + 1))
+
+
+def test_a_worker_keeps_its_journal_reader_from_task_to_task_and_sees_new_records(
+    tmp_path: Path,
+) -> None:
+    node = tmp_path / "node-k"
+    reader = EdgebusStreamReader(SourceOptions.parse({"path": str(tmp_path)}))
+    with JournalWriter.open(tmp_path, "node-k", fsync=False) as writer:
+        _append(writer, 30)
+        first = pa.Table.from_batches(list(reader.read(JournalRange("node-k", 0, 30))))
+        kept = worker_journal(node)
+        _append(writer, 20)  # the edge goes on writing between two tasks
+        second = pa.Table.from_batches(list(reader.read(JournalRange("node-k", 30, 50))))
+    assert first["seq"].to_pylist() == list(range(1, 31))
+    assert second["seq"].to_pylist() == list(range(31, 51))
+    assert worker_journal(node) is kept  # the same reader, its frame index carried on
+    # Another thread (the driver's quota lane beside a read) gets a reader of its own.
+    found: list[JournalReader] = []
+    thread = threading.Thread(target=lambda: found.append(worker_journal(node)))
+    thread.start()
+    thread.join()
+    assert found[0] is not kept
+    assert [b.num_rows for b in found[0].read(10, 50)] == [20, 20]
