@@ -121,12 +121,6 @@ def delta_config(partitions: int = 4) -> Mapping[str, str]:
         # usage's nodes), as the tables made before had them; Delta enforces NOT NULL only at
         # the top level and refuses nested ones unless told they go unenforced.
         "spark.databricks.delta.constraints.allowUnenforcedNotNull.enabled": "true",
-        # No checksum file (``.crc``) beside each commit: half the files in ``_delta_log``,
-        # which Delta lists whole before every commit (0.41 s at 121 entries, 0.88 s at
-        # 20,000, 8.0 s at 300,000: bench.delta_log), and 10-15 % off a commit here. No reader
-        # of the lake needs them (delta-rs, polars and DuckDB never read them; Spark's Delta
-        # reads the log instead).
-        "spark.databricks.delta.writeChecksumFile.enabled": "false",
         # No table feature the light readers (delta-rs, polars, DuckDB) lack.
         "spark.databricks.delta.properties.defaults.enableDeletionVectors": "false",
         "spark.sql.session.timeZone": "UTC",
