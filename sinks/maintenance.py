@@ -21,8 +21,9 @@ in this order:
    once older than the retention; versions younger than it can still be read.
 4. **Checkpoint**: the table's state at its newest version, app transactions included, goes
    into one Parquet checkpoint, so readers (the light ones above all) stop replaying JSON
-   commits. Spark's Delta also writes one every ten commits by itself, and deletes JSON commits
-   older than ``delta.logRetentionDuration`` when it does.
+   commits. The table's writer also writes one every ``CHECKPOINT_EVERY`` versions it commits,
+   in a thread of its own (:meth:`sinks.delta.DeltaTableWriter.checkpoint_ahead`), and deletes
+   JSON commits older than ``delta.logRetentionDuration`` when it does.
 
 Each step a table does not need is skipped (:func:`pending_work`: the log, the file listing
 and ``_last_checkpoint`` say so without a Spark job): on a small table each step costs seconds

@@ -91,8 +91,9 @@ def delta_config(partitions: int = 4) -> Mapping[str, str]:
     the notebooks'). ``partitions``: how many tasks list a table's files for VACUUM."""
     return {
         # One task rebuilds a table's state from its log after each commit: the log is a
-        # checkpoint plus at most ten JSON commits (maintenance and Delta checkpoint), and
-        # Delta's default of 50 tasks cost a second per commit here (0.2 s for 4).
+        # checkpoint plus about a hundred JSON commits at most (the writer's and maintenance's
+        # checkpoints, sinks.delta.CHECKPOINT_EVERY), and Delta's default of 50 tasks cost a
+        # second per commit here (0.2 s for 4, measured with ten JSON commits).
         "spark.databricks.delta.snapshotPartitions": "1",
         # Room for every query's generated code: a pipeline's batch runs more than the 100
         # distinct plans Spark's default keeps (the tables' writes, Delta's log replays and
