@@ -1,18 +1,24 @@
-"""A Delta commit's time against the number of files in the table's ``_delta_log``.
+"""A Delta commit's time against the number of files in the table's ``_delta_log``, with
+Delta's own log store for local tables and with edgebus's, side by side.
 
     python -m bench.delta_log --files 0 20000 100000 300000
 
 Every commit adds files to ``_delta_log`` (its JSON and its ``.crc``; a checkpoint every 100
 versions), and Delta deletes them only at its log cleanup, which keeps
 ``delta.logRetentionDuration`` (30 days by default) counted in whole days. Before each commit
-Delta lists the directory to find the newest version, and on a local or mounted filesystem that
-listing reads every entry. A stream committing twice a second adds about 350,000 files a day.
+Delta lists the directory from its newest checkpoint. Delta's ``HDFSLogStore`` (what it uses
+for ``file:`` paths) asks Hadoop for the status of every entry in the directory and then keeps
+those at or after the checkpoint; edgebus's ``LocalListingLogStore`` (``sinks/jvm``) reads the
+names and asks the status of those it keeps. A stream committing twice a second adds about
+350,000 files a day.
 
-The bench makes a ``messages`` table with the pipeline's writer and a one-row batch, then for each
-``--files`` count fills the log directory up to that many extra files (empty files named after
-the versions' JSON, which Delta lists and ignores, as it lists old commits), and times
-``--commits`` appends: the median is what every micro-batch pays for the commit alone at that
-size. The Spark session is the pipeline's (``streaming.session.build_spark``).
+The bench makes two ``messages`` tables with the pipeline's writer and a one-row batch, one per
+log store (``spark.delta.logStore.file.impl``). For
+each ``--files`` count it fills both log directories up to that many extra files (empty files
+named to sort before every version, as the commits older than the newest checkpoint do, and
+listed by Hadoop as they are), then times ``--commits`` appends to each table in turn: the
+median is what every micro-batch pays for the commit alone at that size. The Spark session is
+the pipeline's (``streaming.session.build_spark``).
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from schemas.tables import MESSAGES_PARTITION_BY, MESSAGES_SCHEMA
     from sinks.delta import DeltaTableWriter, spark_schema
-    from streaming.session import build_spark, stop_spark
+    from streaming.session import LOCAL_LOG_STORE, LOG_STORE_KEY, build_spark, stop_spark
     from streaming.settings import PipelineSettings
 
     work = Path(tempfile.mkdtemp(prefix="edgebus-bench-delta-log-"))
@@ -64,31 +70,52 @@ def main(argv: list[str] | None = None) -> int:
         "size": 2,
     }
     rows = spark.createDataFrame([row], schema=spark_schema(MESSAGES_SCHEMA))
-    path = work / "lake" / "messages"
-    writer = DeltaTableWriter(path, "bench.delta_log", MESSAGES_SCHEMA, MESSAGES_PARTITION_BY)
-    batch = 0
+    stores = {
+        "delta": "io.delta.storage.HDFSLogStore",
+        "edgebus": LOCAL_LOG_STORE,
+    }
+    # Delta reads the log store of a scheme from the SparkContext's conf when a table's log is
+    # first opened (DelegatingLogStore); the bench changes it between its two tables.
+    conf = spark.sparkContext._jvm.org.apache.spark.SparkEnv.get().conf()
+    writers = {}
+    for name, store in stores.items():
+        conf.set(LOG_STORE_KEY, store)
+        writers[name] = DeltaTableWriter(
+            work / "lake" / f"messages_{name}",
+            f"bench.delta_log.{name}",
+            MESSAGES_SCHEMA,
+            MESSAGES_PARTITION_BY,
+        )
+        writers[name].append(0, rows)  # opens the table's log with this store
+    conf.set(LOG_STORE_KEY, LOCAL_LOG_STORE)
+    batches = dict.fromkeys(stores, 1)
 
-    def median_commit_s(commits: int) -> float:
-        nonlocal batch
+    def median_commit_s(name: str, commits: int) -> float:
         took = []
         for _ in range(commits):
             began = time.monotonic()
-            writer.append(batch, rows)
+            writers[name].append(batches[name], rows)
             took.append(time.monotonic() - began)
-            batch += 1
+            batches[name] += 1
         return statistics.median(took)
 
-    median_commit_s(30)  # the JVM's warm-up
-    log = path / "_delta_log"
+    for name in stores:
+        median_commit_s(name, 30)  # the JVM's warm-up
     made = 0
     sizes = []
     for extra in args.files:
-        for i in range(made, extra):
-            (log / f"{i:020d}.json.old").touch()
+        for name in stores:
+            log = work / "lake" / f"messages_{name}" / "_delta_log"
+            for i in range(made, extra):
+                (log / f".old-{i:020d}.json").touch()
         made = max(made, extra)
-        entries = len(os.listdir(log))
-        median = median_commit_s(args.commits)
-        sizes.append({"extra_files": extra, "log_entries": entries, "median_append_s": median})
+        size: dict[str, Any] = {"extra_files": extra}
+        for name in stores:
+            log = work / "lake" / f"messages_{name}" / "_delta_log"
+            size[f"{name}_log_entries"] = len(os.listdir(log))
+            size[f"{name}_median_append_s"] = median_commit_s(name, args.commits)
+        size["ratio"] = size["delta_median_append_s"] / size["edgebus_median_append_s"]
+        sizes.append(size)
         print(json.dumps(sizes[-1]), flush=True)
     stop_spark(spark)
     now = dt.datetime.now(dt.UTC)

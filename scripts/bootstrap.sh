@@ -69,6 +69,8 @@ if [[ "${EDGEBUS_SETUP_FOR:-}" == tests ]]; then
 fi
 # Delta Lake's jars, once (every table is written and read by Spark's own Delta).
 source "$ROOT/scripts/delta-jars.sh"
+# edgebus's own JVM classes (sinks/jvm), built against those jars.
+source "$ROOT/scripts/edgebus-jar.sh"
 export PATH="$ROOT/.venv/bin:$PATH"
 export PYSPARK_PYTHON="$ROOT/.venv/bin/python"
 export PYSPARK_DRIVER_PYTHON="$ROOT/.venv/bin/python"

@@ -57,6 +57,39 @@ CHECKPOINT_INTERVAL = "delta.checkpointInterval"
 INLINE_CHECKPOINT_INTERVAL = 1_000_000
 CHECKPOINT_EVERY = 100
 
+# How long a table's log keeps each commit (its time travel), Delta's table property, and the
+# session setting that gives it to every table (streaming.session, from the pipeline's
+# ``delta_log_retention_hours``). Delta's own cleanup counts it in whole days (a stream's log
+# kept up to a day more than asked); the writer cleans up at minute granularity after each of
+# its checkpoints (:func:`checkpoint_and_clean`).
+LOG_RETENTION = "delta.logRetentionDuration"
+LOG_RETENTION_DEFAULT = "spark.databricks.delta.properties.defaults.logRetentionDuration"
+
+
+def log_retention(hours: float) -> str:
+    """``hours`` as Delta's ``delta.logRetentionDuration`` value: whole minutes, at least one."""
+    return f"interval {max(1, round(hours * 60))} minutes"
+
+
+def checkpoint_and_clean(spark: SparkSession, path: str, snapshot: Any = None) -> Any:
+    """Write Delta's checkpoint of ``snapshot`` (the newest when None) of the table at ``path``,
+    then delete the log's commits and checkpoints older than the table's
+    ``delta.logRetentionDuration`` that the checkpoint makes unneeded, counted to the minute
+    (Delta's own cleanup, which runs after the checkpoint too, counts whole days). The
+    snapshot checkpointed."""
+    jvm = spark._jvm
+    assert jvm is not None
+    delta = jvm.org.apache.spark.sql.delta
+    log = delta.DeltaLog.forTable(spark._jsparkSession, path)
+    if snapshot is None:
+        snapshot = log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
+    none = jvm.scala.Option.empty()
+    log.checkpointAndCleanUpDeltaLog(snapshot, none)
+    if log.enableExpiredLogCleanup(snapshot.metadata()):
+        minute = getattr(delta, "TruncationGranularity$").__getattr__("MODULE$").MINUTE()
+        log.cleanUpExpiredLogs(snapshot, none, none, minute)
+    return snapshot
+
 
 # The column :meth:`DeltaTableWriter.replace` adds to the stored rows: the name of the data file
 # each row is in (the last part of its path).
@@ -164,7 +197,11 @@ class DeltaTableWriter:
             self.upgrade(spark)
             table = open_delta(self._location)
             have = table.metadata().configuration
-            missing = {k: v for k, v in self._properties.items() if have.get(k) != v}
+            wanted = dict(self._properties)
+            retention = spark.conf.get(LOG_RETENTION_DEFAULT, None)
+            if retention:  # the pipeline's setting reaches the tables made before it too
+                wanted[LOG_RETENTION] = retention
+            missing = {k: v for k, v in wanted.items() if have.get(k) != v}
             # A table of another schema is left untouched, for the schema check to refuse.
             ours = {field.name for field in table.schema().fields} == set(self._schema.names)
             if missing and ours:
@@ -501,8 +538,8 @@ class DeltaTableWriter:
 
     def checkpoint_ahead(self, spark: SparkSession, version: int) -> bool:
         """Write Delta's checkpoint of the table at ``version`` (just committed) in a thread of
-        its own, and clean up the log behind it as Delta does after its own checkpoints; False
-        when the last one is still being written (the next one due catches up).
+        its own, and clean up the log behind it (:func:`checkpoint_and_clean`); False when the
+        last one is still being written (the next one due catches up).
 
         Delta writes its checkpoint after the commit, in the committing thread, every
         ``delta.checkpointInterval`` commits: a Spark job of 2-3.6 s on the stream's path, which
@@ -520,12 +557,11 @@ class DeltaTableWriter:
         assert jvm is not None
         log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, self._path)
         snapshot = log.unsafeVolatileSnapshot()
-        none = jvm.scala.Option.empty()
 
         def write() -> None:
             began = time.monotonic()
             try:
-                log.checkpointAndCleanUpDeltaLog(snapshot, none)
+                checkpoint_and_clean(spark, self._path, snapshot)
             except Exception as exc:  # maintenance writes one at the newest version anyway
                 logger.warning("%s: checkpoint at %d failed: %s", self._path, version, exc)
                 return

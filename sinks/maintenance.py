@@ -22,8 +22,9 @@ in this order:
 4. **Checkpoint**: the table's state at its newest version, app transactions included, goes
    into one Parquet checkpoint, so readers (the light ones above all) stop replaying JSON
    commits. The table's writer also writes one every ``CHECKPOINT_EVERY`` versions it commits,
-   in a thread of its own (:meth:`sinks.delta.DeltaTableWriter.checkpoint_ahead`), and deletes
-   JSON commits older than ``delta.logRetentionDuration`` when it does.
+   in a thread of its own (:meth:`sinks.delta.DeltaTableWriter.checkpoint_ahead`). After each,
+   the log's commits older than ``delta.logRetentionDuration`` (the pipeline's
+   ``delta_log_retention_hours``) are deleted (:func:`sinks.delta.checkpoint_and_clean`).
 
 Each step a table does not need is skipped (:func:`pending_work`: the log, the file listing
 and ``_last_checkpoint`` say so without a Spark job): on a small table each step costs seconds
@@ -48,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from sinks.delta import checkpoint_and_clean
 from sinks.errors import DeltaSinkError
 from sinks.retention import (
     DATE,
@@ -279,10 +281,9 @@ def _literal(value: Any) -> str:
 
 
 def _checkpoint(spark: SparkSession, path: str) -> None:
-    """A checkpoint at the table's newest version (Delta's ``DeltaLog.checkpoint``; no Python
-    or SQL API has it)."""
-    delta_log = spark._jvm.org.apache.spark.sql.delta.DeltaLog  # type: ignore[union-attr]
-    delta_log.forTable(spark._jsparkSession, path).checkpoint()
+    """A checkpoint at the table's newest version, and the log cleaned up behind it
+    (:func:`sinks.delta.checkpoint_and_clean`; no Python or SQL API has either)."""
+    checkpoint_and_clean(spark, path)
 
 
 def _vacuumed(table: Any) -> int:

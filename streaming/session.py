@@ -19,6 +19,7 @@ import pyspark
 from pyspark.sql import SparkSession
 
 from ingest import source
+from sinks.delta import LOG_RETENTION_DEFAULT, log_retention
 from sinks.storage import LakePath, hadoop_options
 from streaming.errors import PipelineConfigError
 from streaming.settings import PipelineSettings
@@ -27,6 +28,10 @@ APP_NAME = "edgebus-pipeline"
 # Another folder of Delta jars (the tests and operators who provide the jars by hand).
 JARS_ENV = "EDGEBUS_DELTA_JARS"
 _COORDINATE_FILE = ".coordinate"
+# Delta's log store for tables on a local file system (sinks/jvm, built into this jar at set-up).
+LOG_STORE_KEY = "spark.delta.logStore.file.impl"
+LOCAL_LOG_STORE = "io.edgebus.delta.LocalListingLogStore"
+EDGEBUS_JAR = "edgebus-delta.jar"
 
 
 def delta_coordinate() -> str:
@@ -70,8 +75,8 @@ def jar_coordinates() -> list[str]:
 
 
 def delta_jars() -> list[str]:
-    """The jar files of Delta's JVM half and S3A, or :class:`PipelineConfigError` saying what
-    to do."""
+    """The jar files of Delta's JVM half and S3A, and edgebus's own (``sinks/jvm``, built at
+    set-up), or :class:`PipelineConfigError` saying what to do."""
     folder = Path(os.environ.get(JARS_ENV) or Path(sys.prefix) / "delta-jars")
     wanted = "\n".join(jar_coordinates())
     marker = folder / _COORDINATE_FILE
@@ -83,7 +88,13 @@ def delta_jars() -> list[str]:
             f"{folder}: run scripts/bootstrap.sh (it fetches them once with Maven), or put the "
             f"jars there by hand and write those coordinates, one a line, into {marker}"
         )
-    return jars
+    own = Path(sys.prefix) / "edgebus-jars" / EDGEBUS_JAR
+    if not own.is_file():
+        raise PipelineConfigError(
+            f"edgebus's own JVM classes (sinks/jvm) are missing: {own} is not there; run "
+            "scripts/bootstrap.sh (it builds them once with javac)"
+        )
+    return [*jars, str(own)]
 
 
 def delta_config(partitions: int = 4) -> Mapping[str, str]:
@@ -111,6 +122,10 @@ def delta_config(partitions: int = 4) -> Mapping[str, str]:
         # VACUUM lists a table's directories with this many tasks (Spark's default: 10,000).
         "spark.sql.sources.parallelPartitionDiscovery.parallelism": str(partitions),
         "spark.jars": ",".join(delta_jars()),
+        # A commit lists _delta_log from its newest checkpoint; Delta's own store for file:
+        # paths asks the status of every entry in the directory to do so, a cost that grew
+        # with the whole log (bench.delta_log, BENCHMARKS.md). This one reads names first.
+        LOG_STORE_KEY: LOCAL_LOG_STORE,
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         # Every data file carries the physical types its Delta schema declares, so every
@@ -118,6 +133,12 @@ def delta_config(partitions: int = 4) -> Mapping[str, str]:
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
         # Vacuum obeys pipeline.vacuum_retention_hours, also below Delta's 7-day default.
         "spark.databricks.delta.retentionDurationCheck.enabled": "false",
+        # The log may keep less than the removed files' 7 days (pipeline.
+        # delta_log_retention_hours): Delta refuses that only for VACUUM LITE, which finds the
+        # files to delete in the log; maintenance's VACUUM is the full one, which lists them.
+        "spark.databricks.delta.vacuum.enforceDeletedFileAndLogRetentionDurationCompatibility": (
+            "false"
+        ),
         # The declared schemas keep NOT NULL inside lists (user_properties' key and value,
         # usage's nodes), as the tables made before had them; Delta enforces NOT NULL only at
         # the top level and refuses nested ones unless told they go unenforced.
@@ -181,6 +202,9 @@ def build_spark(settings: PipelineSettings) -> SparkSession:
     )
     for key, value in delta_config(settings.shuffle_partitions).items():
         builder = builder.config(key, value)
+    # Every table's log retention (ensure() gives it to the tables made before as well).
+    retention = log_retention(settings.delta_log_retention_hours)
+    builder = builder.config(LOG_RETENTION_DEFAULT, retention)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     source.register(spark)

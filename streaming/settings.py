@@ -46,6 +46,11 @@ class PipelineSettings:
     maintenance_interval_seconds: float = 3600.0
     # ... and vacuum deletes files no version younger than this needs (Delta's default: 7 days).
     vacuum_retention_hours: float = 168.0
+    # How long each table's Delta log keeps a commit: how far back time travel reaches (a
+    # checkpoint before it included). A commit lists the log's directory, whose names a stream
+    # adds four a second to: 6 hours is ~86,000 entries, +0.04 s a commit; 24 hours +0.13 s
+    # (bench.delta_log, BENCHMARKS.md). Delta's own default: 30 days.
+    delta_log_retention_hours: float = 6.0
     # History kept, in whole days besides today (0: forever), by maintenance; a tenant's own
     # ``logs_retention_days`` / ``messages_retention_days`` in the tenants file overrides it.
     logs_retention_days: int = 30  # as flespi
@@ -75,6 +80,11 @@ class PipelineSettings:
         ):
             if getattr(self, key) < 0:
                 raise PipelineConfigError(f"pipeline.{key}: must be >= 0, got {getattr(self, key)}")
+        if not self.delta_log_retention_hours * 60 >= 1:
+            raise PipelineConfigError(
+                "pipeline.delta_log_retention_hours: must be at least a minute (1/60), "
+                f"got {self.delta_log_retention_hours}"
+            )
         if self.vacuum_retention_hours < 0:
             raise PipelineConfigError(
                 f"pipeline.vacuum_retention_hours: must be >= 0, got {self.vacuum_retention_hours}"

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,8 +23,11 @@ from schemas.tables import MESSAGES_PARTITION_BY, MESSAGES_SCHEMA
 from sinks.delta import (
     FILE_COLUMN,
     INLINE_CHECKPOINT_INTERVAL,
+    LOG_RETENTION,
+    LOG_RETENTION_DEFAULT,
     DeltaTableWriter,
     Replacement,
+    log_retention,
     read_table,
     spark_schema,
 )
@@ -189,6 +194,59 @@ def test_every_nth_version_is_checkpointed_by_a_thread_of_the_writer(
     ]
     with pytest.raises(ValueError, match="checkpoint_every"):
         DeltaTableWriter(path, APP, MESSAGES_SCHEMA, checkpoint_every=0)
+
+
+def test_the_log_keeps_commits_for_the_retention_to_the_minute(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The pipeline's delta_log_retention_hours reaches every table (one made before it too),
+    and each checkpoint of the writer deletes the commits it makes unneeded once older than
+    the retention, to the minute; every version from the oldest checkpoint kept on reads."""
+    path = tmp_path / "messages"
+    log = path / "_delta_log"
+    writer = DeltaTableWriter(path, APP, MESSAGES_SCHEMA, MESSAGES_PARTITION_BY, checkpoint_every=3)
+    writer.append(0, frame(spark, message(0)))  # version 0, before the setting
+    assert LOG_RETENTION not in DeltaTable(str(path)).metadata().configuration
+    spark.conf.set(LOG_RETENTION_DEFAULT, log_retention(0.5))
+    try:
+        writer = DeltaTableWriter(
+            path, APP, MESSAGES_SCHEMA, MESSAGES_PARTITION_BY, checkpoint_every=3
+        )
+        writer.append(1, frame(spark, message(1)))  # ensure's ALTER is version 1, this 2
+        configuration = DeltaTable(str(path)).metadata().configuration
+        assert configuration[LOG_RETENTION] == "interval 30 minutes"
+        writer.append(2, frame(spark, message(2)))  # version 3, checkpointed
+        assert writer.wait_checkpoint(timeout=60)
+        # Versions 0-3 and the checkpoint are 31 minutes old, a second apart, the rest new.
+        old = time.time() - 31 * 60
+        for file in log.glob("0000000000000000000[0-3].*"):
+            when = old + int(file.name.split(".")[0])
+            os.utime(file, (when, when))
+        for batch_id in range(3, 6):  # versions 4-6; 6 is checkpointed, then the log cleaned
+            writer.append(batch_id, frame(spark, message(batch_id)))
+        assert writer.wait_checkpoint(timeout=60)
+    finally:
+        spark.conf.unset(LOG_RETENTION_DEFAULT)
+    assert sorted({int(p.name.split(".")[0]) for p in log.glob("0*.json")}) == [3, 4, 5, 6]
+    assert sorted(p.name for p in log.glob("*.checkpoint.parquet")) == [
+        f"{3:020d}.checkpoint.parquet",
+        f"{6:020d}.checkpoint.parquet",
+    ]
+    assert not list(log.glob("0000000000000000000[0-2].crc"))
+    # The state and the app transaction are whole, for delta-rs and for Spark.
+    delta = DeltaTable(str(path))
+    assert (delta.version(), delta.transaction_version(APP)) == (6, 5)
+    assert sorted(read_table(writer.path, columns=["seq"]).column("seq").to_pylist()) == list(
+        range(6)
+    )
+    # Time travel reaches every version kept, from the oldest checkpoint on, and no further.
+    for version, rows in ((3, 3), (4, 4), (6, 6)):
+        assert (
+            spark.read.format("delta").option("versionAsOf", version).load(writer.path).count()
+            == rows
+        )
+    with pytest.raises(Exception, match=r"(?i)version"):
+        spark.read.format("delta").option("versionAsOf", 2).load(writer.path).count()
 
 
 def test_rows_come_back_with_the_table_types(spark: SparkSession, writer: DeltaTableWriter) -> None:

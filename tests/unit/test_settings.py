@@ -97,6 +97,10 @@ def test_bad_edge_settings_name_the_key(tmp_path: Path, text: str, message: str)
         ("[pipeline]\nmax_records_per_batch = 0\n", "pipeline.max_records_per_batch"),
         ("[pipeline]\ntrigger_interval_seconds = -1\n", "pipeline.trigger_interval_seconds"),
         ("[pipeline]\nothers_interval_seconds = -1\n", "pipeline.others_interval_seconds: must"),
+        (
+            "[pipeline]\ndelta_log_retention_hours = 0.01\n",
+            "pipeline.delta_log_retention_hours: must be at least a minute",
+        ),
         ("[pipeline]\nlake = 3\n", "pipeline.lake: must be a non-empty path"),
         ("[pipeline]\nedges = 'h:1'\n", "pipeline.edges: must be a list of strings"),
         ("[pipeline]\nedges = ['h']\n", 'pipeline.edges: each edge is "HOST:PORT"'),
