@@ -27,6 +27,7 @@ import time
 import uuid
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import pyarrow as pa
@@ -84,6 +85,13 @@ def checkpoint_and_clean(spark: SparkSession, path: str, snapshot: Any = None) -
     if snapshot is None:
         snapshot = log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
     none = jvm.scala.Option.empty()
+    if "://" not in path:
+        # Hadoop's checksum of _last_checkpoint, from before the log was written without them
+        # (streaming.session): the checkpoint rewrites the file in place, and a stale checksum
+        # would make Hadoop's checksummed local file system refuse to read it.
+        (Path(path.removeprefix("file:")) / "_delta_log" / "._last_checkpoint.crc").unlink(
+            missing_ok=True
+        )
     log.checkpointAndCleanUpDeltaLog(snapshot, none)
     if log.enableExpiredLogCleanup(snapshot.metadata()):
         minute = getattr(delta, "TruncationGranularity$").__getattr__("MODULE$").MINUTE()

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
+from sinks.delta import checkpoint_and_clean
 from streaming.session import LOCAL_LOG_STORE, LOG_STORE_KEY
 
 pytestmark = pytest.mark.spark
@@ -100,3 +101,20 @@ def test_every_session_of_the_project_uses_it(spark: SparkSession, tmp_path: Pat
     delegate = log.store().getDelegate(log.logPath())
     assert delegate.logStoreImpl().getClass().getName() == LOCAL_LOG_STORE
     assert spark.read.format("delta").load(str(tmp_path / "t")).count() == 3
+    # The log is written without Hadoop's hidden checksum files (the Parquet files have them).
+    assert not [p.name for p in (tmp_path / "t" / "_delta_log").glob(".*.crc")]
+
+
+def test_a_stale_hadoop_checksum_of_the_last_checkpoint_goes_at_the_next_checkpoint(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A lake written before the log went without Hadoop's checksum files has one beside
+    ``_last_checkpoint``; rewritten without it, the checksum would no longer match, and Hadoop's
+    checksummed local file system would refuse to read the file."""
+    table = str(tmp_path / "t")
+    spark.range(3).write.format("delta").save(table)
+    stale = tmp_path / "t" / "_delta_log" / "._last_checkpoint.crc"
+    stale.write_bytes(b"crc\x00")
+    checkpoint_and_clean(spark, table)
+    assert (tmp_path / "t" / "_delta_log" / "_last_checkpoint").is_file()
+    assert not stale.exists()
