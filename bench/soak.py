@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import BenchError, brokers, compare, loadgen
+from streaming.settings import PipelineSettings
 
 NODE = "soak"
 OPERATOR_TOKEN = "soak-operator"
@@ -172,15 +173,24 @@ class Sampler(threading.Thread):
                 "durable_seq": durable,
                 "committed_seq": committed,
                 "lag_records": durable - committed,
+                "messages_log_entries": log_entries(self.args.work / "lake" / "messages"),
             }
             self.samples.append(sample)
             print(  # a benchmark's progress line
                 f"{sample['t_s']:7.1f}s disk {disk / 2**20:7.1f} MiB in {segments:3d} segments  "
                 f"edge {sample['edge_rss_kib'] / 1024:6.1f} MiB  pipeline "
                 f"{pipeline_rss / 1024:7.1f} MiB (PSS {pipeline_pss / 1024:7.1f})  "
-                f"lag {durable - committed:8d}",
+                f"lag {durable - committed:8d}  messages' log {sample['messages_log_entries']:6d}",
                 flush=True,
             )
+
+
+def log_entries(table: Path) -> int:
+    """How many entries the table's ``_delta_log`` holds (0 before the table exists)."""
+    try:
+        return len(os.listdir(table / "_delta_log"))
+    except FileNotFoundError:
+        return 0
 
 
 def lake_check(lake: Path, acked: int) -> dict[str, Any]:
@@ -210,6 +220,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "[pipeline]\n"
         f"trigger_interval_seconds = {args.trigger_interval}\n"
         "quality_interval_seconds = 0.0\n"
+        f"delta_log_retention_hours = {args.delta_log_retention_hours}\n"
     )
     edge = brokers.start_edgebus(
         work / "data", node_id=NODE, extra_args=["--config", str(config), "--tenants", str(tenants)]
@@ -279,7 +290,14 @@ def summarize(samples: list[dict[str, Any]], load_s: float) -> dict[str, Any]:
         values = [s[key] for s in samples if s.get(key) is not None]
         return {"min": min(values), "median": statistics.median(values), "max": max(values)}
 
-    keys = ("journal_bytes", "segments", "edge_rss_kib", "pipeline_rss_kib", "pipeline_pss_kib")
+    keys = (
+        "journal_bytes",
+        "segments",
+        "edge_rss_kib",
+        "pipeline_rss_kib",
+        "pipeline_pss_kib",
+        "messages_log_entries",
+    )
     # Only after a warm-up as long as the window: a shorter run's window would hold the start.
     warm = load_s >= 2 * STEADY_WINDOW_S
     steady = [s for s in samples if load_s - STEADY_WINDOW_S <= s["t_s"] <= load_s] if warm else []
@@ -314,6 +332,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--segment-bytes", type=int, default=16 * 2**20)
     parser.add_argument("--trigger-interval", type=float, default=1.0)
     parser.add_argument("--sample-interval", type=float, default=10.0)
+    parser.add_argument(
+        "--delta-log-retention-hours",
+        type=float,
+        default=PipelineSettings().delta_log_retention_hours,
+        help="pipeline setting: how long each table's Delta log keeps a commit",
+    )
     parser.add_argument("--catch-up-timeout", type=float, default=300.0)
     parser.add_argument("--notices", choices=("bench", "pipeline"), default="pipeline")
     parser.add_argument("--work", type=Path, help="work dir (default: a new temporary one)")

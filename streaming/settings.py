@@ -48,7 +48,7 @@ class PipelineSettings:
     vacuum_retention_hours: float = 168.0
     # How long each table's Delta log keeps a commit: how far back time travel reaches (a
     # checkpoint before it included). A commit lists the log's directory, whose names a stream
-    # adds four a second to: 6 hours is ~86,000 entries, +0.04 s a commit; 24 hours +0.13 s
+    # adds four a second to: 6 hours is ~86,000 entries, +0.01-0.03 s a commit; 24 hours +0.1-0.2 s
     # (bench.delta_log, BENCHMARKS.md). Delta's own default: 30 days.
     delta_log_retention_hours: float = 6.0
     # History kept, in whole days besides today (0: forever), by maintenance; a tenant's own

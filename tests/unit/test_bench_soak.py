@@ -14,6 +14,7 @@ def sample(t_s: float, pipeline_mib: float) -> dict[str, float]:
         "pipeline_rss_kib": pipeline_mib * 1024,
         "pipeline_pss_kib": pipeline_mib * 1024,
         "lag_records": 0,
+        "messages_log_entries": 100,
     }
 
 
