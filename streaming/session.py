@@ -134,6 +134,9 @@ def delta_config(partitions: int = 4) -> Mapping[str, str]:
         # beside each commit) are unaffected; the FileSystem API (Parquet files, S3A's
         # buffers) keeps Hadoop's checksummed local file system.
         "spark.hadoop.fs.AbstractFileSystem.file.impl": "org.apache.hadoop.fs.local.RawLocalFs",
+        # In a bucket, the same listing from the newest checkpoint as one S3 LIST starting
+        # after it (Delta's S3 log store, with S3A), not pages of the whole log.
+        "spark.hadoop.delta.enableFastS3AListFrom": "true",
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         # Every data file carries the physical types its Delta schema declares, so every
