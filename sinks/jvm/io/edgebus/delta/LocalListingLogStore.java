@@ -1,6 +1,5 @@
 package io.edgebus.delta;
 
-import java.io.File;
 import java.io.FileNotFoundException;
 import java.io.IOException;
 import java.io.UncheckedIOException;
@@ -24,8 +23,8 @@ import org.apache.hadoop.fs.RawLocalFileSystem;
  *
  * <p>Before every commit and snapshot update Delta lists {@code _delta_log} from its newest
  * checkpoint ({@code listFrom}). Hadoop's local file system answers a listing with a status of
- * every entry in the directory, a few system calls each: some 20 microseconds an entry here, so
- * a commit's cost grew with the whole log (0.4 s at a hundred entries, 8 s at 300,000;
+ * every entry in the directory, a few system calls each: some 17 microseconds an entry here, so
+ * a commit's cost grew with the whole log (0.34 s at a hundred entries, 5.4 s at 300,000;
  * BENCHMARKS.md, bench.delta_log). This store reads the directory's names alone, keeps those
  * at or after the name asked for, and asks the status of each as the caller reaches it: the
  * same files in the same order as {@link HDFSLogStore}'s listing, which writes and reads
