@@ -13,12 +13,12 @@ names and asks the status of those it keeps. A stream committing twice a second 
 350,000 files a day.
 
 The bench makes two ``messages`` tables with the pipeline's writer and a one-row batch, one per
-log store (``spark.delta.logStore.file.impl``). For
-each ``--files`` count it fills both log directories up to that many extra files (empty files
-named to sort before every version, as the commits older than the newest checkpoint do, and
-listed by Hadoop as they are), then times ``--commits`` appends to each table in turn: the
-median is what every micro-batch pays for the commit alone at that size. The Spark session is
-the pipeline's (``streaming.session.build_spark``).
+log store (``spark.delta.logStore.file.impl``). For each ``--files`` count it fills both log
+directories up to that many extra files (empty files named to sort before every version, as the
+commits older than the newest checkpoint do, and listed by Hadoop as they are), then times
+``--commits`` appends to each table in turn: the median is what every micro-batch pays for the
+commit alone at that size. The Spark session is the pipeline's
+(``streaming.session.build_spark``).
 """
 
 from __future__ import annotations
@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     # Delta reads the log store of a scheme from the SparkContext's conf when a table's log is
     # first opened (DelegatingLogStore); the bench changes it between its two tables.
     conf = spark.sparkContext._jvm.org.apache.spark.SparkEnv.get().conf()
+    logs = {name: work / "lake" / f"messages_{name}" / "_delta_log" for name in stores}
     writers = {}
     for name, store in stores.items():
         conf.set(LOG_STORE_KEY, store)
@@ -104,14 +105,12 @@ def main(argv: list[str] | None = None) -> int:
     made = 0
     sizes = []
     for extra in args.files:
-        for name in stores:
-            log = work / "lake" / f"messages_{name}" / "_delta_log"
+        for log in logs.values():
             for i in range(made, extra):
                 (log / f".old-{i:020d}.json").touch()
         made = max(made, extra)
         size: dict[str, Any] = {"extra_files": extra}
-        for name in stores:
-            log = work / "lake" / f"messages_{name}" / "_delta_log"
+        for name, log in logs.items():
             size[f"{name}_log_entries"] = len(os.listdir(log))
             size[f"{name}_median_append_s"] = median_commit_s(name, args.commits)
         size["ratio"] = size["delta_median_append_s"] / size["edgebus_median_append_s"]

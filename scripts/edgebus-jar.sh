@@ -11,8 +11,8 @@ SPARK_JARS="$(.venv/bin/python -c 'import os, pyspark; print(os.path.join(os.pat
 DELTA_JARS="${EDGEBUS_DELTA_JARS:-$ROOT/.venv/delta-jars}"
 CLASSPATH="$(ls "$DELTA_JARS"/delta-storage-*.jar "$SPARK_JARS"/hadoop-client-api-*.jar \
   "$SPARK_JARS"/slf4j-api-*.jar 2>/dev/null | paste -sd: -)"
-SOURCES="$(find "$ROOT/sinks/jvm" -name '*.java' | sort)"
-JAR_WANT="$(cat $SOURCES | sha256sum | cut -d' ' -f1) $CLASSPATH"
+mapfile -t SOURCES < <(find "$ROOT/sinks/jvm" -name '*.java' | sort)
+JAR_WANT="$(cat "${SOURCES[@]}" | sha256sum | cut -d' ' -f1) $CLASSPATH"
 if [[ -f "$JAR" && -f "$JAR_DIR/.stamp" && "$(cat "$JAR_DIR/.stamp")" == "$JAR_WANT" ]]; then
   return 0 2>/dev/null || exit 0
 fi
@@ -23,7 +23,7 @@ command -v "$JAVAC" >/dev/null 2>&1 \
   || { echo "edgebus setup: cannot build sinks/jvm: no delta-storage jar in $DELTA_JARS or no hadoop-client-api jar in $SPARK_JARS" >&2; exit 1; }
 echo "edgebus setup: building sinks/jvm into .venv/edgebus-jars/edgebus-delta.jar" >&2
 JAVA_WORK="$(mktemp -d)"
-"$JAVAC" --release 17 -nowarn -d "$JAVA_WORK/classes" -cp "$CLASSPATH" $SOURCES \
+"$JAVAC" --release 17 -nowarn -d "$JAVA_WORK/classes" -cp "$CLASSPATH" "${SOURCES[@]}" \
   || { rm -rf "$JAVA_WORK"; echo "edgebus setup: javac could not build sinks/jvm (see above)." >&2; exit 1; }
 mkdir -p "$JAR_DIR"
 # A jar is a zip of the classes (no manifest needed on a class path).

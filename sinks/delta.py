@@ -72,12 +72,11 @@ def log_retention(hours: float) -> str:
     return f"interval {max(1, round(hours * 60))} minutes"
 
 
-def checkpoint_and_clean(spark: SparkSession, path: str, snapshot: Any = None) -> Any:
+def checkpoint_and_clean(spark: SparkSession, path: str, snapshot: Any = None) -> None:
     """Write Delta's checkpoint of ``snapshot`` (the newest when None) of the table at ``path``,
     then delete the log's commits and checkpoints older than the table's
     ``delta.logRetentionDuration`` that the checkpoint makes unneeded, counted to the minute
-    (Delta's own cleanup, which runs after the checkpoint too, counts whole days). The
-    snapshot checkpointed."""
+    (Delta's own cleanup, which runs after the checkpoint too, counts whole days)."""
     jvm = spark._jvm
     assert jvm is not None
     delta = jvm.org.apache.spark.sql.delta
@@ -96,7 +95,6 @@ def checkpoint_and_clean(spark: SparkSession, path: str, snapshot: Any = None) -
     if log.enableExpiredLogCleanup(snapshot.metadata()):
         minute = getattr(delta, "TruncationGranularity$").__getattr__("MODULE$").MINUTE()
         log.cleanUpExpiredLogs(snapshot, none, none, minute)
-    return snapshot
 
 
 # The column :meth:`DeltaTableWriter.replace` adds to the stored rows: the name of the data file

@@ -12,7 +12,7 @@ from streaming.errors import PipelineConfigError
 from streaming.session import EDGEBUS_JAR, JARS_ENV, delta_config, delta_jars
 
 
-def test_the_projects_own_classes_come_with_delta(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_projects_own_classes_come_with_delta() -> None:
     jars = delta_jars()
     assert Path(jars[-1]).name == EDGEBUS_JAR
     assert any("delta-spark_" in Path(jar).name for jar in jars)
