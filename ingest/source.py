@@ -67,6 +67,8 @@ from urllib.parse import urlparse
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
+from ingest.worker_daemon import steady_zip_imports
+
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import SparkSession
@@ -197,6 +199,13 @@ EDGE_RETRY_SECONDS = 1.0
 
 class EdgebusDataSource(DataSource):
     """``spark.readStream.format("edgebus").option("path", journal_root)``."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        # Made in Spark's planner workers (a batch read's schema and partitions), which come
+        # from pyspark's own daemon, not ingest.worker_daemon: from their next call on, they
+        # too keep their zip directories.
+        steady_zip_imports()
 
     @classmethod
     def name(cls) -> str:

@@ -64,6 +64,7 @@ from ingest.source import (
     SourceOptionError,
     SourceOptions,
 )
+from ingest.worker_daemon import steady_zip_imports
 from schemas.contracts import RECORD_RULES, first_broken, rows_where
 from schemas.journal import JOURNAL_SCHEMA
 from schemas.tables import (
@@ -255,6 +256,7 @@ class RoutedJournal(EdgebusDataSource):
         return RoutedJournalReader(SourceOptions.parse(self.options))
 
     def reader(self, schema: StructType) -> RoutedRangeReader:
+        steady_zip_imports()  # in the planner worker that plans the read (as in __init__)
         journal, bounds = _split_options(self.options)
         return RoutedRangeReader(SourceOptions.parse(journal), *_range(bounds))
 

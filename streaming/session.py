@@ -32,6 +32,9 @@ _COORDINATE_FILE = ".coordinate"
 LOG_STORE_KEY = "spark.delta.logStore.file.impl"
 LOCAL_LOG_STORE = "io.edgebus.delta.LocalListingLogStore"
 EDGEBUS_JAR = "edgebus-delta.jar"
+# The module Spark starts its Python workers with (ingest.worker_daemon).
+PYTHON_DAEMON_KEY = "spark.python.daemon.module"
+WORKER_DAEMON = "ingest.worker_daemon"
 
 
 def delta_coordinate() -> str:
@@ -162,6 +165,10 @@ def delta_config(partitions: int = 4) -> Mapping[str, str]:
         # the bytes, BENCHMARKS.md issue 18).
         "spark.hadoop.parquet.enable.dictionary#payload": "false",
         "spark.hadoop.parquet.enable.dictionary#payload_text": "false",
+        # Python workers from edgebus's daemon: pyspark's, but a reused worker no longer reads
+        # pyspark.zip's and spark-core's zip directories again at every task (~120 ms a task
+        # here, every micro-batch's read among them; see ingest.worker_daemon).
+        PYTHON_DAEMON_KEY: WORKER_DAEMON,
     }
 
 

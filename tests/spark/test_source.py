@@ -367,3 +367,25 @@ def test_cap_is_bounded_monotone_and_max_min_fair(
     for n, m in itertools.permutations(end, 2):
         if grant[n] < backlog[n]:
             assert grant[n] >= grant[m] - 1
+
+
+def test_python_workers_come_from_edgebus_daemon_and_keep_zip_directories(
+    spark: SparkSession,
+) -> None:
+    """Every session's Python workers (the source's read tasks among them) are started by
+    ingest.worker_daemon, so a task does not read pyspark's zips again (BENCHMARKS.md)."""
+
+    def worker_imports(_: int) -> tuple[str, list[str]]:
+        # In the worker (pickled by value): how it was started, and its zip finders' types.
+        import sys
+        import zipimport
+
+        cmdline = Path("/proc/self/cmdline").read_bytes().split(b"\0")
+        finders = sys.path_importer_cache.values()
+        zips = {type(f).__name__ for f in finders if isinstance(f, zipimport.zipimporter)}
+        return " ".join(part.decode() for part in cmdline if part), sorted(zips)
+
+    for _ in range(2):  # a reused worker too: its finders were made in an earlier task
+        [(cmdline, zips)] = spark.sparkContext.parallelize([0], 1).map(worker_imports).collect()
+        assert "-m ingest.worker_daemon pyspark.worker" in cmdline
+        assert zips == ["SteadyZipImporter"]
