@@ -79,7 +79,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 SOURCE_NAME = "edgebus"
-DEFAULT_MAX_RECORDS_PER_BATCH = 200_000
+DEFAULT_MAX_RECORDS_PER_BATCH = 500_000  # the pipeline's default too (streaming.settings)
 PARTITION_RECORDS = 50_000
 """A node's range is split into read tasks of about this many records, for parallelism."""
 

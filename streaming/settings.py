@@ -30,7 +30,11 @@ class PipelineSettings:
     # besides the journals under data_dir (issue 12); the executors fetch from them directly.
     edges: tuple[str, ...] = ()
     master: str = "local[*]"
-    max_records_per_batch: int = 200_000
+    # A backlog's batches: each batch's fixed costs (trigger, offset and commit logs, the Delta
+    # commit) spread over more rows, and the driver holds none of them; 500,000 against 200,000:
+    # +9 to +13 % rows/s on a 4M-record backlog (BENCHMARKS.md, issues 12 and 18). A live
+    # stream's batches are far smaller (a trigger interval's records).
+    max_records_per_batch: int = 500_000
     # A new micro-batch at most this often; a batch that takes longer runs the next at once.
     trigger_interval_seconds: float = 0.5
     shuffle_partitions: int = 4

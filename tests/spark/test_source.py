@@ -327,7 +327,7 @@ def test_option_parsing() -> None:
         5,
         None,
     )
-    assert SourceOptions.parse({"path": "/j"}).max_records_per_batch == 200_000
+    assert SourceOptions.parse({"path": "/j"}).max_records_per_batch == 500_000
     assert SourceOptions.parse(
         {"path": "/j", "checkpointLocation": "file:///c"}
     ).checkpoint == Path("/c")
