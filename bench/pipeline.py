@@ -153,6 +153,8 @@ def data_bytes(table: LakePath) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from streaming.settings import PipelineSettings
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--nodes", type=int, default=2)
@@ -161,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=200_000,
         help="records per micro-batch (default 200,000, this bench's since issue 2, so its "
-        "figures compare across sessions; the pipeline's own default is 500,000)",
+        f"figures compare across sessions; the pipeline's own default is "
+        f"{PipelineSettings().max_records_per_batch:,})",
     )
     parser.add_argument(
         "--lake",
@@ -181,7 +184,6 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from streaming.session import build_spark, stop_spark
-    from streaming.settings import PipelineSettings
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="edgebus-bench-pipeline-"))
     try:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pyspark
 from pyspark.sql import SparkSession
 
-from ingest import source
+from ingest import source, worker_daemon
 from sinks.delta import LOG_RETENTION_DEFAULT, log_retention
 from sinks.storage import LakePath, hadoop_options
 from streaming.errors import PipelineConfigError
@@ -34,7 +34,7 @@ LOCAL_LOG_STORE = "io.edgebus.delta.LocalListingLogStore"
 EDGEBUS_JAR = "edgebus-delta.jar"
 # The module Spark starts its Python workers with (ingest.worker_daemon).
 PYTHON_DAEMON_KEY = "spark.python.daemon.module"
-WORKER_DAEMON = "ingest.worker_daemon"
+WORKER_DAEMON = worker_daemon.__name__
 
 
 def delta_coordinate() -> str:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from edgebus.settings import SettingsError, load_edge, load_pipeline
+from ingest.source import DEFAULT_MAX_RECORDS_PER_BATCH
 from sinks.storage import ENVIRONMENT, ObjectPath, spark_uri
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -23,6 +24,8 @@ def test_example_files_load() -> None:
     assert pipe.journal_root == Path("data/journal")
     assert pipe.checkpoint_path("history") == Path("lake/_checkpoints/history")
     assert (pipe.logs_retention_days, pipe.messages_retention_days) == (30, 0)
+    # The pipeline's batch cap and the source's own default (used without the option) agree.
+    assert pipe.max_records_per_batch == DEFAULT_MAX_RECORDS_PER_BATCH == 500_000
 
 
 def test_flags_override_file_and_defaults_sit_beneath(tmp_path: Path) -> None:
