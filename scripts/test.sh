@@ -13,7 +13,10 @@ echo "== pytest"
 C1_ONLY="-XX:TieredStopAtLevel=1"
 export SPARK_SUBMIT_OPTS="${SPARK_SUBMIT_OPTS:+$SPARK_SUBMIT_OPTS }$C1_ONLY"
 export SPARK_DAEMON_JAVA_OPTS="${SPARK_DAEMON_JAVA_OPTS:+$SPARK_DAEMON_JAVA_OPTS }$C1_ONLY"
-export SPARK_CONF_DIR="${SPARK_CONF_DIR:-$ROOT/scripts/test-spark-conf}"
+# The suite's Spark settings (scripts/test-spark-conf) as a properties file, not as
+# SPARK_CONF_DIR: Spark's launcher puts that folder first on the driver's class path, and the
+# JVM's class archive (streaming.class_archive) fits only the class path it was made with.
+export PYSPARK_SUBMIT_ARGS="${PYSPARK_SUBMIT_ARGS:---properties-file '$ROOT/scripts/test-spark-conf/spark-defaults.conf' pyspark-shell}"
 set +e
 # Two workers: much of the suite waits (sockets, subprocesses, Spark's scheduling), not computes.
 pytest -n 2 --dist loadfile "$@"

@@ -21,6 +21,7 @@ from pyspark.sql import SparkSession
 from ingest import source, worker_daemon
 from sinks.delta import LOG_RETENTION_DEFAULT, log_retention
 from sinks.storage import LakePath, hadoop_options
+from streaming import class_archive
 from streaming.errors import PipelineConfigError
 from streaming.settings import PipelineSettings
 
@@ -35,6 +36,8 @@ EDGEBUS_JAR = "edgebus-delta.jar"
 # The module Spark starts its Python workers with (ingest.worker_daemon).
 PYTHON_DAEMON_KEY = "spark.python.daemon.module"
 WORKER_DAEMON = worker_daemon.__name__
+DRIVER_JAVA_OPTIONS_KEY = "spark.driver.extraJavaOptions"
+DRIVER_CLASS_PATH_KEY = "spark.driver.extraClassPath"
 
 
 def delta_coordinate() -> str:
@@ -100,9 +103,17 @@ def delta_jars() -> list[str]:
     return [*jars, str(own)]
 
 
-def delta_config(partitions: int = 4) -> Mapping[str, str]:
+def delta_config(
+    partitions: int = 4, *, class_archive_options: list[str] | None = None
+) -> Mapping[str, str]:
     """The Spark settings every Delta-enabled session here gets (the pipeline's, the tests',
-    the notebooks'). ``partitions``: how many tasks list a table's files for VACUUM."""
+    the notebooks'). ``partitions``: how many tasks list a table's files for VACUUM.
+    ``class_archive_options``: the driver's class-data-sharing options (by default, those that
+    map the archive set-up made, if it fits: :mod:`streaming.class_archive`)."""
+    jars = delta_jars()
+    archive = (
+        class_archive.java_options(jars) if class_archive_options is None else class_archive_options
+    )
     return {
         # One task rebuilds a table's state from its log after each commit: the log is a
         # checkpoint plus about a hundred JSON commits at most (the writer's and maintenance's
@@ -124,7 +135,11 @@ def delta_config(partitions: int = 4) -> Mapping[str, str]:
         "spark.sql.resultQueryStage.maxThreadThreshold": "64",
         # VACUUM lists a table's directories with this many tasks (Spark's default: 10,000).
         "spark.sql.sources.parallelPartitionDiscovery.parallelism": str(partitions),
-        "spark.jars": ",".join(delta_jars()),
+        "spark.jars": ",".join(jars),
+        # The same jars on the driver's own class path: its classes then come from the
+        # application class loader, which the class archive serves (streaming.class_archive).
+        DRIVER_CLASS_PATH_KEY: os.pathsep.join(jars),
+        **({DRIVER_JAVA_OPTIONS_KEY: " ".join(archive)} if archive else {}),
         # A commit lists _delta_log from its newest checkpoint; Delta's own store for file:
         # paths asks the status of every entry in the directory to do so, a cost that grew
         # with the whole log (bench.delta_log, BENCHMARKS.md). This one reads names first.
@@ -191,12 +206,15 @@ def driver_java_options(settings: PipelineSettings) -> list[str]:
     ]
 
 
-def build_spark(settings: PipelineSettings) -> SparkSession:
+def build_spark(
+    settings: PipelineSettings, *, class_archive_options: list[str] | None = None
+) -> SparkSession:
     """Start (or join) the SparkSession and register the ``edgebus`` streaming source.
 
     Python workers run in this interpreter unless the environment says otherwise, so the
     executors see the same packages as the driver. Time is UTC everywhere: ``date``
     partitions and timestamps must not depend on the machine's zone.
+    ``class_archive_options``: see :func:`delta_config`.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -204,9 +222,6 @@ def build_spark(settings: PipelineSettings) -> SparkSession:
         SparkSession.builder.master(settings.master)
         .appName(APP_NAME)
         .config("spark.driver.memory", settings.driver_memory)
-        # A long-running pipeline's memory is the size it was given, not a curve that climbs
-        # (BENCHMARKS.md, issue 9's soak). Spark sets -Xmx from driver_memory.
-        .config("spark.driver.extraJavaOptions", " ".join(driver_java_options(settings)))
         .config("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
@@ -218,7 +233,14 @@ def build_spark(settings: PipelineSettings) -> SparkSession:
         # Arrow batches cost a tenth of the per-batch overhead of the default 10,000.
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "100000")
     )
-    for key, value in delta_config(settings.shuffle_partitions).items():
+    config = dict(
+        delta_config(settings.shuffle_partitions, class_archive_options=class_archive_options)
+    )
+    # A long-running pipeline's memory is the size it was given, not a curve that climbs
+    # (BENCHMARKS.md, issue 9's soak). Spark sets -Xmx from driver_memory.
+    java = [*driver_java_options(settings), config.pop(DRIVER_JAVA_OPTIONS_KEY, "")]
+    builder = builder.config(DRIVER_JAVA_OPTIONS_KEY, " ".join(java).strip())
+    for key, value in config.items():
         builder = builder.config(key, value)
     # Every table's log retention (ensure() gives it to the tables made before as well).
     retention = log_retention(settings.delta_log_retention_hours)
