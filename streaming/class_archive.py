@@ -13,7 +13,7 @@ a training run loaded when it exits; ``-XX:SharedArchiveFile`` maps them). Measu
 pipeline's first batch.
 
 :func:`make` (``python -m edgebus.spark_setup``, run by ``scripts/bootstrap.sh``) runs a workload
-(there: the demo lake, the real pipeline's every table step, a quality run) in a JVM that writes
+(there: the demo lake, the real pipeline's every table step and the quota step) in a JVM that writes
 the archive as it exits; :func:`java_options` gives
 every later Delta session (``streaming.session.delta_config``: the pipeline, tests, notebooks)
 the option that maps it. An archive only fits the JDK build and the class path it was made with:
