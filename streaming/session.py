@@ -37,6 +37,15 @@ EDGEBUS_JAR = "edgebus-delta.jar"
 PYTHON_DAEMON_KEY = "spark.python.daemon.module"
 WORKER_DAEMON = worker_daemon.__name__
 DRIVER_JAVA_OPTIONS_KEY = "spark.driver.extraJavaOptions"
+# Parquet's per-column dictionary switch (the column's name follows a "#").
+NO_DICTIONARY = "spark.hadoop.parquet.enable.dictionary"
+# The columns written PLAIN, without Parquet's dictionary: payloads (messages, quarantine) and
+# their text are nearly all distinct, so a dictionary is built and thrown away per page (a fifth
+# of a batch's time, BENCHMARKS.md issue 18); a fleet's devices (client_id, topic: thousands a
+# file) make each row one more lookup in a hash map of thousands of keys, 6 % of the pipeline's
+# CPU for files 4 % smaller (BENCHMARKS.md issue 12, 2026-11-28). Low-cardinality columns
+# (node, tenant, content_type, ...) keep theirs.
+PLAIN_COLUMNS = ("payload", "payload_text", "client_id", "topic")
 DRIVER_CLASS_PATH_KEY = "spark.driver.extraClassPath"
 
 
@@ -178,8 +187,7 @@ def delta_config(
         # Payloads (messages, quarantine) and their text (messages) are nearly all distinct:
         # Parquet's dictionary attempt on them is wasted work (a fifth of a batch's time for
         # the bytes, BENCHMARKS.md issue 18).
-        "spark.hadoop.parquet.enable.dictionary#payload": "false",
-        "spark.hadoop.parquet.enable.dictionary#payload_text": "false",
+        **{f"{NO_DICTIONARY}#{column}": "false" for column in PLAIN_COLUMNS},
         # Python workers from edgebus's daemon: pyspark's, but a reused worker no longer reads
         # pyspark.zip's and spark-core's zip directories again at every task (~120 ms a task
         # here, every micro-batch's read among them; see ingest.worker_daemon).

@@ -109,16 +109,27 @@ def test_every_record_lands_exactly_once(
     assert last_batch >= 4
 
 
-def test_payloads_are_written_without_a_dictionary(
+def test_payloads_and_device_ids_are_written_without_a_dictionary(
     edgebus_spark: SparkSession, settings: PipelineSettings
 ) -> None:
-    """``payload`` and ``payload_text`` are nearly all distinct: their pages are PLAIN, with no
-    dictionary built and thrown away per page (BENCHMARKS.md, issue 18); other columns keep
-    theirs."""
+    """``payload`` and ``payload_text`` are nearly all distinct, and ``client_id`` and
+    ``topic`` name a fleet's thousands of devices: their pages are PLAIN, with no dictionary
+    lookup per row (BENCHMARKS.md, issues 18 and 12); other columns keep theirs."""
     # Enough rows in one file for a repeated column's dictionary to pay (Parquet falls back to
-    # PLAIN where it does not, as for a few rows).
+    # PLAIN where it does not, as for a few rows): 20 devices, 100 publishes each.
     settings = dataclasses.replace(settings, max_records_per_batch=5_000)
-    journal(settings, "edge-a", traffic(2_000))
+    with JournalWriter.open(settings.journal_root, "edge-a", fsync=False) as writer:
+        for i in range(2_000):
+            writer.append(
+                ts_us=BASE_TS_US + i * 1_000_000,
+                tenant="acme",
+                client_id=f"truck-{i % 20}",
+                topic=f"fleet/truck-{i % 20}/telemetry",
+                qos=1,
+                retain=False,
+                payload=f"payload {i}".encode(),
+            )
+        writer.flush()
     pipeline.run(settings, once=True, spark=edgebus_spark)
 
     files = DeltaTable(str(settings.table_path("messages"))).file_uris()
@@ -129,9 +140,10 @@ def test_payloads_are_written_without_a_dictionary(
             row_group.column(i).path_in_schema: set(row_group.column(i).encodings)
             for i in range(row_group.num_columns)
         }
-        for column in ("payload", "payload_text"):
+        for column in ("payload", "payload_text", "client_id", "topic"):
             assert not encodings[column] & DICTIONARY_ENCODINGS, (column, encodings[column])
-        assert encodings["node"] & DICTIONARY_ENCODINGS  # one value: a dictionary pays
+        for column in ("node", "tenant", "qos"):  # a value or three: a dictionary pays
+            assert encodings[column] & DICTIONARY_ENCODINGS, (column, encodings[column])
 
 
 def test_crash_between_delta_commit_and_spark_commit(
