@@ -33,7 +33,37 @@ def _config(path: Path, peers: list[str]) -> Path:
     return path
 
 
+# How many times the mesh is started afresh when a port it learned was taken meanwhile.
+START_ATTEMPTS = 3
+IN_USE = "address already in use"
+
+
 def start_mesh(root: Path) -> list[EdgeProcess]:
+    """Three meshed edges under ``root``. An edge's ports are learned on a first start (port 0)
+    and bound again on the second: another process may take one in between (the suite's
+    Spark JVMs bind ephemeral ports too); the mesh then starts again on new ports."""
+    for attempt in range(1, START_ATTEMPTS + 1):
+        edges = _learn_ports(root / f"attempt-{attempt}")
+        started: list[EdgeProcess] = []
+        try:
+            for edge in edges:
+                started.append(edge.start())  # noqa: PERF401 (each one as it starts: a failure stops those)
+        except AssertionError as exc:
+            for edge in started:
+                edge.stop()
+            if IN_USE not in str(exc) or attempt == START_ATTEMPTS:
+                raise
+            continue
+        for edge in edges:
+            wait_links_up(edge)
+        return edges
+    raise AssertionError("unreachable")
+
+
+def _learn_ports(root: Path) -> list[EdgeProcess]:
+    """The three edges, each started on port 0 and stopped, configured with the others as
+    peers."""
+    root.mkdir(parents=True)
     tenants = root / "tenants.toml"
     tenants.write_text(TENANTS)
     edges = []
@@ -47,9 +77,6 @@ def start_mesh(root: Path) -> list[EdgeProcess]:
     for edge in edges:
         peers = [address for node, address in addresses.items() if node != edge.node]
         edge.config = _config(root / f"{edge.node}.toml", peers)
-        edge.start()
-    for edge in edges:
-        wait_links_up(edge)
     return edges
 
 
