@@ -202,6 +202,11 @@ def driver_java_options(settings: PipelineSettings) -> list[str]:
         # maximum for minutes.
         f"-Xms{settings.driver_memory}",
         "-XX:+AlwaysPreTouch",
+        # The throughput collector rather than G1 (the JVM's choice on any machine of 2 cores
+        # and 2 GB): the driver's heap is a fixed size and holds little that lives, and G1's
+        # concurrent work and barriers cost 5 % of the pipeline's CPU on two cores; its young
+        # collections are short (BENCHMARKS.md, issue 12, "Parallel against G1").
+        "-XX:+UseParallelGC",
         # The JIT's compiled code: at most 150 MiB (the JVM's default reserves 240 and keeps
         # filling it for 20 minutes and more of a warm pipeline; 120-130 MiB once warm here).
         "-XX:ReservedCodeCacheSize=150m",

@@ -34,6 +34,8 @@ def test_the_drivers_heap_code_cache_and_native_trim_are_what_the_options_say(
     flags = final_flags(driver_java_options(settings))
     assert flags["InitialHeapSize"] == str(64 * 2**20)
     assert flags["AlwaysPreTouch"] == "true"
+    assert flags["UseParallelGC"] == "true"
+    assert flags["UseG1GC"] == "false"
     assert flags["ReservedCodeCacheSize"] == str(150 * 2**20)
     # JDK 17.0.9+ and 21.0.1+ know it (this machine's 17.0.15 does); older ones ignore it.
     assert flags["TrimNativeHeapInterval"] == "5000"
@@ -43,3 +45,4 @@ def test_without_the_options_the_jvm_keeps_its_own_defaults() -> None:
     flags = final_flags([])  # the test above would pass if the options changed nothing
     assert flags["ReservedCodeCacheSize"] != str(150 * 2**20)
     assert flags["AlwaysPreTouch"] == "false"
+    assert flags["UseG1GC"] == "true"  # the JVM's own choice here (2 cores, 24 GB)
