@@ -72,7 +72,7 @@ source "$ROOT/scripts/delta-jars.sh"
 # edgebus's own JVM classes (sinks/jvm), built against those jars.
 source "$ROOT/scripts/edgebus-jar.sh"
 # The JVM's class archive (streaming.class_archive): Spark's and Delta's classes parsed and
-# verified once, then mapped by every Spark driver (3-4 s less per start). About a minute, once
+# verified once, then mapped by every Spark driver (2-4 s less per start). About a minute, once
 # per JDK and set of jars. Without it Spark only starts slower: a failure is reported, not fatal.
 if ! .venv/bin/python -m edgebus.spark_setup --check; then
   echo "edgebus setup: making the JVM's class archive for Spark (once per JDK and jars, about a minute)" >&2

@@ -9,8 +9,8 @@ path of some 300 jars, parsed and verified, single-threaded on the driver where 
 can go on. The JDK keeps classes it has already parsed and verified in an archive that a later
 JVM maps instead (class-data sharing, JDK 13+: ``-XX:ArchiveClassesAtExit`` writes the classes
 a training run loaded when it exits; ``-XX:SharedArchiveFile`` maps them). Measured here
-(BENCHMARKS.md, issue 18): 3-4 s less CPU per Spark process and about 1.2 s less for the
-pipeline's first batch.
+(BENCHMARKS.md, issue 18): a Spark process 2-4 s shorter, the pipeline's first batch about 1 s
+shorter.
 
 :func:`make` (``python -m edgebus.spark_setup``, run by ``scripts/bootstrap.sh``) runs a workload
 (there: the demo lake, the real pipeline's every table step and the quota step) in a JVM that writes

@@ -37,16 +37,16 @@ EDGEBUS_JAR = "edgebus-delta.jar"
 PYTHON_DAEMON_KEY = "spark.python.daemon.module"
 WORKER_DAEMON = worker_daemon.__name__
 DRIVER_JAVA_OPTIONS_KEY = "spark.driver.extraJavaOptions"
+DRIVER_CLASS_PATH_KEY = "spark.driver.extraClassPath"
 # Parquet's per-column dictionary switch (the column's name follows a "#").
 NO_DICTIONARY = "spark.hadoop.parquet.enable.dictionary"
 # The columns written PLAIN, without Parquet's dictionary: payloads (messages, quarantine) and
 # their text are nearly all distinct, so a dictionary is built and thrown away per page (a fifth
 # of a batch's time, BENCHMARKS.md issue 18); a fleet's devices (client_id, topic: thousands a
 # file) make each row one more lookup in a hash map of thousands of keys, 6 % of the pipeline's
-# CPU for files 4 % smaller (BENCHMARKS.md issue 12, 2026-11-28). Low-cardinality columns
+# CPU for files 3 % smaller (BENCHMARKS.md issue 12, 2026-11-28). Low-cardinality columns
 # (node, tenant, content_type, ...) keep theirs.
 PLAIN_COLUMNS = ("payload", "payload_text", "client_id", "topic")
-DRIVER_CLASS_PATH_KEY = "spark.driver.extraClassPath"
 
 
 def delta_coordinate() -> str:
@@ -184,9 +184,7 @@ def delta_config(
         # No table feature the light readers (delta-rs, polars, DuckDB) lack.
         "spark.databricks.delta.properties.defaults.enableDeletionVectors": "false",
         "spark.sql.session.timeZone": "UTC",
-        # Payloads (messages, quarantine) and their text (messages) are nearly all distinct:
-        # Parquet's dictionary attempt on them is wasted work (a fifth of a batch's time for
-        # the bytes, BENCHMARKS.md issue 18).
+        # Payloads and device ids without Parquet's dictionary (PLAIN_COLUMNS says why).
         **{f"{NO_DICTIONARY}#{column}": "false" for column in PLAIN_COLUMNS},
         # Python workers from edgebus's daemon: pyspark's, but a reused worker no longer reads
         # pyspark.zip's and spark-core's zip directories again at every task (~120 ms a task

@@ -1,6 +1,6 @@
 """The JVM's class archive: which file fits this JDK and class path, when the driver maps it,
 and how set-up makes it (the JVM's own writing is exercised by set-up and checked by
-tests/spark/test_class_archive.py)."""
+tests/spark/test_class_archive_mapped.py)."""
 
 from __future__ import annotations
 
