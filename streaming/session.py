@@ -205,6 +205,14 @@ def driver_java_options(settings: PipelineSettings) -> list[str]:
         # concurrent work and barriers cost 5 % of the pipeline's CPU on two cores; its young
         # collections are short (BENCHMARKS.md, issue 12, "Parallel against G1").
         "-XX:+UseParallelGC",
+        # The JIT compiles a method after three times the calls and loops it would by default.
+        # The per-row code (Parquet's encoders, Spark's generated code) reaches that within a
+        # batch's first rows; the code that runs a few times per batch (planning, codegen's
+        # cache lookups, closure cleaning, py4j, Hadoop's Configuration: thousands of
+        # methods) kept the C2 compiler busy for a third of the JVM's CPU long after the
+        # first batch, and mostly no longer gets compiled: CPU -6 %, sustained +7 %
+        # (BENCHMARKS.md, issue 12, "the JIT's long tail").
+        "-XX:CompileThresholdScaling=3",
         # The JIT's compiled code: at most 150 MiB (the JVM's default reserves 240 and keeps
         # filling it for 20 minutes and more of a warm pipeline; 120-130 MiB once warm here).
         "-XX:ReservedCodeCacheSize=150m",

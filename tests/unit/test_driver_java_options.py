@@ -27,7 +27,7 @@ def final_flags(options: list[str]) -> dict[str, str]:
     return dict(flags)
 
 
-def test_the_drivers_heap_code_cache_and_native_trim_are_what_the_options_say(
+def test_the_drivers_heap_collector_jit_and_native_trim_are_what_the_options_say(
     tmp_path: Path,
 ) -> None:
     settings = PipelineSettings(data_dir=tmp_path, lake=tmp_path / "lake", driver_memory="64m")
@@ -36,6 +36,7 @@ def test_the_drivers_heap_code_cache_and_native_trim_are_what_the_options_say(
     assert flags["AlwaysPreTouch"] == "true"
     assert flags["UseParallelGC"] == "true"
     assert flags["UseG1GC"] == "false"
+    assert float(flags["CompileThresholdScaling"]) == 3.0
     assert flags["ReservedCodeCacheSize"] == str(150 * 2**20)
     # JDK 17.0.9+ and 21.0.1+ know it (this machine's 17.0.15 does); older ones ignore it.
     assert flags["TrimNativeHeapInterval"] == "5000"
@@ -46,3 +47,4 @@ def test_without_the_options_the_jvm_keeps_its_own_defaults() -> None:
     assert flags["ReservedCodeCacheSize"] != str(150 * 2**20)
     assert flags["AlwaysPreTouch"] == "false"
     assert flags["UseG1GC"] == "true"  # the JVM's own choice here (2 cores, 24 GB)
+    assert float(flags["CompileThresholdScaling"]) == 1.0
