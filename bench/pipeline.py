@@ -113,13 +113,16 @@ def peak_rss_mib() -> float:
     raise RuntimeError("no VmHWM in /proc/self/status")
 
 
-def timed_run(spark: SparkSession, settings: PipelineSettings, written: int) -> dict[str, Any]:
-    """The journal query over every journal into ``settings.lake``, timed to caught-up."""
+def timed_run(
+    spark: SparkSession, settings: PipelineSettings, written: int, edge_token: str | None = None
+) -> dict[str, Any]:
+    """The journal query over every journal into ``settings.lake``, timed to caught-up
+    (``edge_token``: the operator token ``settings.edges`` want)."""
     from streaming import pipeline
 
     reset_peak_rss()
     started = time.perf_counter()
-    query = pipeline.start(spark, settings)
+    query = pipeline.start(spark, settings, edge_token=edge_token)
     try:
         query.processAllAvailable()
         elapsed = time.perf_counter() - started

@@ -3,7 +3,8 @@
     python -m bench.pipeline_network --records 400000 --nodes 2 --rounds 2
 
 Writes the journals once (``bench.pipeline.write_journals``: ~200-byte telematics JSON), starts
-one ``edgebus edge --http 127.0.0.1:0`` process per node on them (loopback, so no token), one
+one ``edgebus edge --http 127.0.0.1:0`` process per node on them (loopback: the pipeline shows
+the edges the operator token they made in their data dir, as ``edgebus pipeline`` does), one
 Spark session, and then per round runs the pipeline's journal query to caught-up twice, into a
 fresh lake each time: reading the journal directories (``local``) and reading only the edges'
 HTTP ports (``http``: the executors fetch Arrow IPC ranges from the edges). One uncounted run
@@ -26,6 +27,7 @@ from typing import Any
 
 from bench.compare import report
 from bench.pipeline import timed_run, write_journals
+from schemas import operator_token
 
 Edge = tuple[subprocess.Popen[bytes], str]  # the process and its HTTP address
 
@@ -75,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         write_journals(data / "journal", args.records, args.nodes)
         written = args.records // args.nodes * args.nodes
         edges = start_edges(data, args.nodes, work)
+        token = operator_token.read(data)  # the edges made it before they answered
         addresses = tuple(address for _, address in edges)
         modes = {
             "local": {"data_dir": data},
@@ -95,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
                         max_records_per_batch=args.max_records_per_batch,
                         **modes[mode],  # type: ignore[arg-type]
                     )
-                    run = timed_run(spark, settings, written)
+                    run = timed_run(spark, settings, written, edge_token=token)
                     runs[mode].append(run)
                     del run["batches"]
                     print(f"round {round_} {mode}: {run}", flush=True)
@@ -104,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         load_after = os.getloadavg()
 
         def median(mode: str, key: str) -> float:
-            return statistics.median(r[key] for r in runs[mode] if r[key] is not None)
+            return float(statistics.median(r[key] for r in runs[mode] if r[key] is not None))
 
         summary = {
             mode: {key: median(mode, key) for key in ("rows_per_s", "sustained_rows_per_s")}
