@@ -55,6 +55,12 @@ def start_edges(data_dir: Path, nodes: int, logs: Path) -> list[Edge]:
     return edges
 
 
+def stop_edges(edges: list[Edge]) -> None:
+    for proc, _ in edges:
+        proc.terminate()
+        proc.wait(30)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=400_000)
@@ -131,9 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         report(result, "pipeline-network")
     finally:
-        for proc, _ in edges:
-            proc.terminate()
-            proc.wait(30)
+        stop_edges(edges)
         shutil.rmtree(work, ignore_errors=True)
     return 0
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.pipeline import write_journals
-from bench.pipeline_network import start_edges
+from bench.pipeline_network import start_edges, stop_edges
 from ingest.remote import EdgeRefused, journal_range
 from schemas import operator_token
 
@@ -31,6 +31,4 @@ def test_the_benchs_edges_serve_their_journals_to_the_token_in_their_data_dir(
         with pytest.raises(EdgeRefused, match="401"):
             journal_range(edges[0][1], None)
     finally:
-        for proc, _ in edges:
-            proc.terminate()
-            proc.wait(30)
+        stop_edges(edges)
