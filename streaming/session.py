@@ -214,7 +214,8 @@ def driver_java_options(settings: PipelineSettings) -> list[str]:
         # (BENCHMARKS.md, issue 12, "the JIT's long tail").
         "-XX:CompileThresholdScaling=3",
         # The JIT's compiled code: at most 150 MiB (the JVM's default reserves 240 and keeps
-        # filling it for 20 minutes and more of a warm pipeline; 120-130 MiB once warm here).
+        # filling it for 20 minutes and more of a warm pipeline; with the thresholds above,
+        # ~105 MiB after 20 minutes here: BENCHMARKS.md, issue 9, "a 20-minute soak").
         "-XX:ReservedCodeCacheSize=150m",
         # Memory the JVM's C code (the JIT compilers' arenas above all) freed goes back to the
         # system every 5 s instead of staying in glibc's arenas. A product option since JDK
