@@ -9,8 +9,9 @@ jar there for the Python files a jar may carry), and a reused worker runs task a
 start of every task pyspark calls ``importlib.invalidate_caches()`` (``setup_spark_files``: a
 task may bring new ``.py``/``.zip`` files), and on Python 3.11 that makes every ``zipimporter``
 read its archive's central directory again: about 6,700 entries (the jar's 5,362 and
-``pyspark.zip``'s 1,328) parsed in pure Python, **about 120 ms of every task on an idle host**,
-more under load, whatever the task does (py-spy on a worker; BENCHMARKS.md, issue 12). The
+``pyspark.zip``'s 1,328; 2,499 once set-up adds bytecode, ``streaming.spark_zips``) parsed in
+pure Python, **about 120 ms of every task on an idle host**, more under load, whatever the task
+does (py-spy on a worker; BENCHMARKS.md, issue 12). The
 pipeline's stream runs one small task per micro-batch, so this was a fixed part of every batch.
 
 Those archives do not change while a worker lives (they are Spark's own files, and a task's own
