@@ -181,6 +181,14 @@ def delta_config(
         # usage's nodes), as the tables made before had them; Delta enforces NOT NULL only at
         # the top level and refuses nested ones unless told they go unenforced.
         "spark.databricks.delta.constraints.allowUnenforcedNotNull.enabled": "true",
+        # A commit's checksum (N.crc) without the table's whole file list. Delta keeps that list
+        # in the .crc of a table of few files, and for a table's first commit builds the empty
+        # list it starts from with a Spark job over the log: the slowest part of a new lake's
+        # first batch here (encoders and analysis, cold, on the stream's thread: ~1.5 s on 2
+        # cores, BENCHMARKS.md, issue 18). Nothing here reads the list from a .crc: the light
+        # readers read the log, and the usage step builds its snapshot's files ahead
+        # (sinks.delta). Protocol, metadata and counts stay in the .crc.
+        "spark.databricks.delta.allFilesInCrc.enabled": "false",
         # No table feature the light readers (delta-rs, polars, DuckDB) lack.
         "spark.databricks.delta.properties.defaults.enableDeletionVectors": "false",
         "spark.sql.session.timeZone": "UTC",

@@ -167,6 +167,28 @@ def test_an_empty_first_batch_still_makes_the_table_with_its_properties(
     assert other.schema() == delta.schema()
 
 
+def test_a_new_tables_first_commit_runs_no_more_jobs_than_the_next(
+    spark: SparkSession, writer: DeltaTableWriter
+) -> None:
+    # The first commit of a table builds no file list for its .crc (a Spark job over the log,
+    # cold in a new pipeline's first batch): streaming.session's allFilesInCrc setting.
+    def jobs(batch_id: int, *rows: dict[str, Any]) -> int:
+        group = f"first-commit-{batch_id}"
+        spark.sparkContext.setJobGroup(group, group)
+        try:
+            writer.append(batch_id, frame(spark, *rows))
+        finally:
+            spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+        return len(spark.sparkContext.statusTracker().getJobIdsForGroup(group))
+
+    first = jobs(0, message(1))
+    assert first <= jobs(1, message(2))
+    checksum = json.loads((Path(writer.path) / "_delta_log" / f"{0:020}.crc").read_text())
+    assert checksum["numFiles"] == 1
+    assert checksum["metadata"]["id"]  # protocol and metadata stay in it
+    assert checksum.get("allFiles") is None
+
+
 def test_every_nth_version_is_checkpointed_by_a_thread_of_the_writer(
     spark: SparkSession, tmp_path: Path
 ) -> None:
