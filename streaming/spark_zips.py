@@ -70,7 +70,8 @@ def is_compiled(archive: Path) -> bool:
 
 
 def bytecode(source: bytes, name: str) -> bytes:
-    """The checked-hash ``.pyc`` of ``source`` (``name``: the file name tracebacks show)."""
+    """The checked-hash ``.pyc`` of ``source`` (``name``: the file name its code carries, which
+    tracebacks show: the one zipimport gives a module it compiles itself)."""
     code = compile(source, name, "exec", dont_inherit=True)
     return (
         importlib.util.MAGIC_NUMBER
@@ -94,7 +95,7 @@ def compile_zip(archive: Path) -> int:
             if not info.filename.endswith(".py"):
                 continue
             try:
-                pyc = bytecode(data, info.filename)
+                pyc = bytecode(data, str(archive / info.filename))
             except (SyntaxError, ValueError) as exc:  # imported from source, as before
                 logger.warning("%s: %s not compiled: %s", archive, info.filename, exc)
                 continue

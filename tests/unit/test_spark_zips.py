@@ -60,7 +60,9 @@ def rewrite(archive: Path, edit: Callable[[str, bytes], bytes]) -> None:
 
 SOURCES: dict[str, str | bytes] = {
     "pkg/__init__.py": "",
-    "pkg/mod.py": "from pkg import helper\nVALUE = helper.TWO * 21\n",
+    "pkg/mod.py": (
+        "from pkg import helper\nVALUE = helper.TWO * 21\nFILE = (lambda: 0).__code__.co_filename\n"
+    ),
     "pkg/helper.py": "TWO = 2\n",
     "pkg/broken.py": "def (:\n",
     "pkg/data.txt": b"\x00kept as it was\xff",
@@ -79,6 +81,9 @@ def test_a_compiled_archive_is_imported_without_compiling(tmp_path: Path) -> Non
 
     after = probe(str(archive), "pkg.mod")
     assert after == {"value": 42, "compiled": []}
+    # Its code names the file as zipimport's own compile does (what tracebacks show).
+    named = str(archive / "pkg" / "mod.py")
+    assert probe(str(archive), "pkg.mod", "FILE")["value"] == named
     with zipfile.ZipFile(archive) as zf:
         # Every entry it had, unchanged, and a .pyc beside each source that compiles.
         for name, data in SOURCES.items():
