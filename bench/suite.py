@@ -2,6 +2,7 @@
 
     python -m bench.suite                      # the whole matrix, ~10 minutes
     python -m bench.suite --cases pairs-q0,idle --duration 5
+    python -m bench.suite --cases tls-pairs-q0,tls-pairs-q1 --rounds 5   # median of 5 pairs
 
 Cases (64-byte payloads, journal on with edgebus's default fsync group commit):
 
@@ -27,12 +28,16 @@ which other programs used more than `--retry-above` cores is run again (`--retri
 disturbed result kept under "discarded". The table's `oth` columns show that load.
 
 Prints one summary table with ratios and writes one JSON to bench/results/{time}-suite.json.
+With `--rounds N` every case runs N times, every other round with the brokers in reverse order
+(edgebus first), and a second table gives edgebus's ratio to Mosquitto in each round and their
+median: on a host whose speed moves by ±15 % between minutes, one pair of runs decides nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import statistics
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -113,10 +118,15 @@ def case_options(case: Case, args: argparse.Namespace, *, latency: bool) -> Any:
     return options
 
 
-def run_case(case: Case, args: argparse.Namespace, quiet: Quiet) -> dict[str, Any]:
+def run_case(
+    case: Case, args: argparse.Namespace, quiet: Quiet, *, reverse: bool = False
+) -> dict[str, Any]:
+    """One round of ``case``: each broker's max-rate run (in ``args.brokers``' order, or the
+    reverse), then the latency runs."""
     runs: dict[str, dict[str, Any]] = {}
     discarded: list[dict[str, Any]] = []
-    plan = [(b, False) for b in args.brokers if case.scenario == "idle" or b in THROUGHPUT_BROKERS]
+    brokers = list(reversed(args.brokers)) if reverse else args.brokers
+    plan = [(b, False) for b in brokers if case.scenario == "idle" or b in THROUGHPUT_BROKERS]
     if case.tls:
         plan = [(b, latency) for b, latency in plan if b != "null"]  # it does not speak TLS
     if case.scenario != "idle" and args.latency_rate:
@@ -341,6 +351,39 @@ def _mib(kib: int | None) -> str:
     return "-" if kib is None else f"{kib / 1024:.1f}"
 
 
+def rounds_summary(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per case, edgebus's ratio to Mosquitto in every round, and their median."""
+    out = []
+    for i, first in enumerate(rounds[0]):
+        ratios = []
+        for cases in rounds:
+            row = next((r for r in cases[i]["rows"] if r["broker"] == "edgebus"), None)
+            if row is not None and row["ratio"] is not None:
+                ratios.append(float(row["ratio"]))
+        out.append(
+            {
+                "case": first["case"]["id"],
+                "ratios": ratios,
+                "median": statistics.median(ratios) if ratios else None,
+                "min": min(ratios, default=None),
+                "max": max(ratios, default=None),
+                "rounds_at_or_above_1": sum(r >= 1.0 for r in ratios),
+            }
+        )
+    return out
+
+
+def format_rounds(summary: list[dict[str, Any]]) -> str:
+    lines = [f"{'case':<14} {'median e/m':>10} {'min':>5} {'max':>5}  every round"]
+    for r in summary:
+        every = " ".join(f"{x:.2f}" for x in r["ratios"])
+        lines.append(
+            f"{r['case']:<14} {_f(r['median'], '.2f'):>10} {_f(r['min'], '.2f'):>5} "
+            f"{_f(r['max'], '.2f'):>5}  {every}"
+        )
+    return "\n".join(lines)
+
+
 def format_findings(cases: list[dict[str, Any]]) -> str:
     lines = []
     for case in cases:
@@ -395,6 +438,14 @@ def main(argv: list[str] | None = None) -> int:
         "--retry-above cores during it; the disturbed result is kept under 'discarded'",
     )
     parser.add_argument("--retry-above", type=float, default=0.25)
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the cases this many times (every other round with the brokers in reverse "
+        "order) and report edgebus's median ratio to Mosquitto per case: one pair of runs "
+        "moves by ±15 %% on a noisy host",
+    )
     parser.add_argument("--output-dir", type=Path, default=compare.RESULTS_DIR)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -411,7 +462,15 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.now(UTC)
     t0 = time.monotonic()
     quiet = Quiet(args.quiet_cores, args.max_wait)
-    cases = [run_case(by_id[c], args, quiet) for c in wanted]
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
+    rounds = []
+    for number in range(args.rounds):
+        if args.rounds > 1:
+            log.info("round %d of %d", number + 1, args.rounds)
+        rounds.append([run_case(by_id[c], args, quiet, reverse=number % 2 == 1) for c in wanted])
+    cases = [case | {"round": number + 1} for number, r in enumerate(rounds) for case in r]
+    by_round = rounds_summary(rounds) if args.rounds > 1 else None
     report = {
         "timestamp": started.isoformat(),
         "timestamp_compact": started.strftime("%Y%m%dT%H%M%SZ"),
@@ -423,7 +482,8 @@ def main(argv: list[str] | None = None) -> int:
         },
         "quiet": {"waited_s": quiet.waited_s, "samples": quiet.log},
         "elapsed_s": time.monotonic() - t0,
-        "summary": [row for case in cases for row in case["rows"]],
+        "summary": [row | {"round": case["round"]} for case in cases for row in case["rows"]],
+        "rounds": by_round,
         "cases": cases,
     }
     out = compare.write_report(report, args.output_dir, "suite")
@@ -435,6 +495,9 @@ def main(argv: list[str] | None = None) -> int:
         "for quiet"
     )
     print(format_summary(cases))
+    if by_round is not None:
+        print(f"\nedgebus ÷ Mosquitto over {args.rounds} rounds (msgs/s at max rate):")
+        print(format_rounds(by_round))
     findings = format_findings(cases)
     if findings:
         print(findings)

@@ -361,6 +361,37 @@ def test_suite_idle_rows_compare_memory_per_connection() -> None:
     assert "KiB/conn" in suite.format_summary([{"rows": rows}])
 
 
+def test_suite_rounds_give_each_cases_median_ratio() -> None:
+    tls = suite.Case("tls-pairs-q1", "pairs", 1, tls=True)
+    plain = suite.Case("pairs-q0", "pairs", 0)
+
+    def one_round(tls_edgebus: float, plain_edgebus: float) -> list[dict[str, object]]:
+        return [
+            {
+                "case": tls.__dict__,
+                "rows": suite.summary_rows(
+                    tls, {"mosquitto": _fake_run(30_000), "edgebus": _fake_run(tls_edgebus)}
+                ),
+            },
+            {
+                "case": plain.__dict__,
+                "rows": suite.summary_rows(
+                    plain, {"edgebus": _fake_run(plain_edgebus), "mosquitto": _fake_run(50_000)}
+                ),
+            },
+        ]
+
+    rounds = [one_round(27_000, 60_000), one_round(33_000, 75_000), one_round(36_000, 40_000)]
+    by_case = {r["case"]: r for r in suite.rounds_summary(rounds)}
+    assert by_case["tls-pairs-q1"]["ratios"] == pytest.approx([0.9, 1.1, 1.2])
+    assert by_case["tls-pairs-q1"]["median"] == pytest.approx(1.1)
+    assert by_case["tls-pairs-q1"]["rounds_at_or_above_1"] == 2
+    assert by_case["pairs-q0"]["median"] == pytest.approx(1.2)
+    assert by_case["pairs-q0"]["min"] == pytest.approx(0.8)
+    text = suite.format_rounds(list(by_case.values()))
+    assert "tls-pairs-q1         1.10  0.90  1.20  0.90 1.10 1.20" in text
+
+
 # --- real runs ---------------------------------------------------------------------------------
 
 SHORT = {"duration": 1.5, "pub_procs": 1, "sub_procs": 1, "drain_timeout": 5.0}
