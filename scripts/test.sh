@@ -18,8 +18,10 @@ export SPARK_DAEMON_JAVA_OPTS="${SPARK_DAEMON_JAVA_OPTS:+$SPARK_DAEMON_JAVA_OPTS
 # JVM's class archive (streaming.class_archive) fits only the class path it was made with.
 export PYSPARK_SUBMIT_ARGS="${PYSPARK_SUBMIT_ARGS:---properties-file '$ROOT/scripts/test-spark-conf/spark-defaults.conf' pyspark-shell}"
 set +e
-# Two workers: much of the suite waits (sockets, subprocesses, Spark's scheduling), not computes.
-pytest -n 2 --dist loadfile "$@"
+# Three workers on two cores: much of the suite waits (sockets, subprocesses, timeouts, Spark's
+# scheduling), not computes; a third worker fills those waits (pytest 15 min 24 s against
+# 19 min 20 s with two on the same host, BENCHMARKS.md "CI with three workers").
+pytest -n 3 --dist loadfile "$@"
 rc=$?
 set -e
 if [[ $rc -eq 5 ]]; then echo "pytest collected no tests: failing" >&2; exit 1; fi
