@@ -82,6 +82,8 @@ class EdgeNode:
         self._tick_at = 0.0
         self._sys: asyncio.Task[None] | None = None
         self._snapshots: asyncio.Task[None] | None = None
+        # The snapshot file's last write (in the loop's executor): see _snapshot.
+        self._snapshot_write: asyncio.Future[None] | None = None
         self._counters: asyncio.Task[None] | None = None
         self._days: asyncio.Task[None] | None = None
         self.started_at = 0.0  # event loop time
@@ -444,9 +446,19 @@ class EdgeNode:
             # The journal failed or closed before this state was durable: no snapshot (while
             # it fails, the records it covers were dropped and their seqs will be reused).
             return
-        await asyncio.get_running_loop().run_in_executor(
+        # One write at a time. Cancelling a task that awaits a write (stop() cancels the
+        # snapshot loop) does not stop the write's thread, and a second write beside it would
+        # share its .tmp file: truncate what the first is about to rename, or find it renamed.
+        previous = self._snapshot_write
+        if previous is not None:
+            await asyncio.wait([previous])
+            if not previous.cancelled() and previous.exception() is not None:
+                log.warning("the previous state snapshot failed: %s", previous.exception())
+        write = asyncio.get_running_loop().run_in_executor(
             None, store.write_encoded, self.snapshot_path, data
         )
+        self._snapshot_write = write
+        await asyncio.shield(write)  # a cancelled caller leaves it running, to be waited for
         self._snapshot_seq = seq
         if session_log is not None:
             session_log.forget_before(generation)

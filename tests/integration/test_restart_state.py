@@ -5,8 +5,12 @@ from __future__ import annotations
 import json
 import queue
 import socket
+import threading
+import time
 
 import paho.mqtt.client as mqtt
+
+from broker_edge import store
 
 
 def test_persistent_session_and_queue_survive_clean_restart(make_edge, make_client):
@@ -90,3 +94,44 @@ def test_inflight_qos1_redelivered_with_dup_after_restart(make_edge, make_client
     finally:
         again.disconnect()
         again.loop_stop()
+
+
+def test_a_stop_mid_snapshot_waits_for_that_write_before_the_last_one(
+    make_edge, make_client, edge_settings, monkeypatch
+):
+    """stop() cancels the snapshot loop while its write runs in a thread; the final snapshot
+    must not write beside it (both use snapshot.tmp: one truncates or loses the other's)."""
+    real = store.write_encoded
+    lock = threading.Lock()
+    writing = 0
+    most = 0
+    first_write = threading.Event()
+
+    def slow_write(path, data):
+        nonlocal writing, most
+        with lock:
+            writing += 1
+            most = max(most, writing)
+        first_write.set()
+        try:
+            time.sleep(0.5)
+            real(path, data)
+        finally:
+            with lock:
+                writing -= 1
+
+    monkeypatch.setattr(store, "write_encoded", slow_write)
+    edge = make_edge()
+    sub = make_client("durable-sub", clean_session=False, port=edge.port)
+    sub.subscribe("fleet/#", qos=1)  # a persistent session: snapshot within a second
+    assert first_write.wait(10), "no snapshot was written"
+    pub = make_client(None, port=edge.port)
+    pub.publish("cfg/a", b"last", qos=1, retain=True)
+    pub.close()
+    edge.stop()  # mid-write: the loop's snapshot is cancelled, the final one follows it
+
+    assert most == 1
+    path = edge_settings.data_dir / "state" / edge_settings.node_id / "snapshot.json"
+    doc = json.loads(path.read_text())
+    assert [m["topic"] for m in doc["retained"]] == ["cfg/a"]
+    assert [s["client_id"] for s in doc["sessions"]] == ["durable-sub"]
