@@ -28,9 +28,10 @@ which other programs used more than `--retry-above` cores is run again (`--retri
 disturbed result kept under "discarded". The table's `oth` columns show that load.
 
 Prints one summary table with ratios and writes one JSON to bench/results/{time}-suite.json.
-With `--rounds N` every case runs N times, every other round with the brokers in reverse order
-(edgebus first), and a second table gives edgebus's ratio to Mosquitto in each round and their
-median: on a host whose speed moves by ±15 % between minutes, one pair of runs decides nothing.
+With `--rounds N` every case runs N times, every other round with the brokers' max-rate runs in
+reverse order (edgebus before Mosquitto), and a second table gives edgebus's ratio to Mosquitto
+in each round and their median: on a host whose speed moves by ±15 % between minutes, one pair
+of runs decides nothing.
 """
 
 from __future__ import annotations

@@ -452,8 +452,9 @@ class EdgeNode:
         previous = self._snapshot_write
         if previous is not None:
             await asyncio.wait([previous])
-            if not previous.cancelled() and previous.exception() is not None:
-                log.warning("the previous state snapshot failed: %s", previous.exception())
+            failed = None if previous.cancelled() else previous.exception()
+            if failed is not None:
+                log.warning("the previous state snapshot failed: %s", failed)
         write = asyncio.get_running_loop().run_in_executor(
             None, store.write_encoded, self.snapshot_path, data
         )
