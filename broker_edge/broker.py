@@ -119,6 +119,20 @@ class Journal(Protocol):
         /,
     ) -> int: ...
 
+    def append_run(
+        self,
+        ts_us: int,
+        tenant: str,
+        client_id: str,
+        topic: str,
+        qos: int,
+        payloads: list[bytes],
+        /,
+    ) -> int:
+        """Append records without RETAIN, content type or user properties, one per payload;
+        returns the first one's seq (the others follow it)."""
+        ...
+
     def after_durable(
         self, seq: int, callback: Callable[[], None], refused: Callable[[], None] | None = None
     ) -> None:
@@ -226,6 +240,8 @@ class Broker:
         # client publish is refused with it (QoS 0: dropped and counted in journal_dropped).
         self.journal_status = JournalStatus()
         self.journal_refusal = 0
+        # Where the turn under way (receive) ends: its messages_out at which it stops routing.
+        self.turn_ends = 0
         self.journal_dropped = 0  # QoS 0 publishes dropped while the journal refused
         self.journal_refused = 0  # QoS 1/2 publishes refused (or their connection closed)
         self.on_journal_status: Callable[[JournalStatus], None] = _ignore_status
@@ -280,7 +296,7 @@ class Broker:
         stats.wire_bytes_in += len(data)
         conn.receive_data(data, now)
         handlers = HANDLERS
-        turn_ends = stats.messages_out + self.settings.max_deliveries_per_turn
+        turn_ends = self.turn_ends = stats.messages_out + self.settings.max_deliveries_per_turn
         clock = self.clock
         deadline = now + self.settings.max_turn_seconds
         next_event = conn.next_event
@@ -864,6 +880,93 @@ class Broker:
             self.outbox.deliver(deliveries)
         return seq
 
+    def accept_run(
+        self,
+        tenant: str,
+        client_id: str,
+        topic: str,
+        qos: int,
+        payloads: list[bytes],
+        size: int,
+        packets: list[bytes],
+        version: int,
+    ) -> int:
+        """Journal and route a run of a client's publishes to one topic at one QoS (0 or 1),
+        without DUP, RETAIN or properties, as :meth:`accept` would each of them: one timestamp
+        (they came in one read), one journal append, one routing; returns the first one's
+        seq (the others follow it). ``payloads``: ``size`` bytes in all; ``packets``: as they
+        came, of protocol ``version`` (QoS 0: all of them in one piece; QoS 1: one each).
+
+        A connected subscriber of the same protocol version that takes a QoS 0 run as it is
+        gets those bytes in one piece; any other delivery is each message's, as from
+        :meth:`accept`. Only for a client that is not the operator, on a broker without a
+        mesh or adopted sessions (handlers.handle_publish checks)."""
+        ts_us = self.wall_clock_us()
+        seq = self.journal.append_run(ts_us, tenant, client_id, topic, qos, payloads)
+        node = self.node_id
+        level = QoS(qos)
+        first = Message(
+            tenant, topic, payloads[0], level, False, client_id, ts_us, NO_PROPERTIES, seq, node
+        )
+        deliveries = self.router.route(first, client_id, True, None)
+        if deliveries is None:
+            return seq
+        count = len(payloads)
+        if not qos:
+            deliveries = self._deliver_run_whole(deliveries, count, size, packets[0], version)
+            if not deliveries:
+                return seq
+        messages = [first]
+        messages += (
+            Message(tenant, topic, payloads[i], level, False, client_id, ts_us, NO_PROPERTIES,
+                    seq + i, node)
+            for i in range(1, count)
+        )  # fmt: skip
+        if qos:
+            skip = 3 if version == _V5 else 2  # the packet id (and v5's property length)
+            for message, raw in zip(messages, packets, strict=True):
+                message.wire = (version, len(raw) - len(message.payload) - skip, raw)
+        self.outbox.deliver(
+            [
+                (session, message, sub_qos, retain, sub_ids)
+                for session, _, sub_qos, retain, sub_ids in deliveries
+                for message in messages
+            ]
+        )
+        return seq
+
+    def _deliver_run_whole(
+        self, deliveries: list[Delivery], count: int, size: int, wire: bytes, version: int
+    ) -> list[Delivery]:
+        """A QoS 0 run's deliveries to connected subscribers of the run's protocol version
+        that take its packets as they are (Outbox.deliver's QoS 0 hot path, for the whole run
+        at once); the others, to be delivered message by message."""
+        stats = self.stats
+        dirty = self.outbox.dirty
+        rest = []
+        for delivery in deliveries:
+            session, _, _, retain, sub_ids = delivery
+            conn = session.connection
+            if (
+                conn is not None
+                and conn.version == version
+                and not retain  # a QoS 0 message: its delivery's QoS is 0 too
+                and not conn.write_paused
+                and not sub_ids
+                and not conn.alias_out_max
+                and not conn.max_packet_out
+            ):
+                stats.messages_out += count
+                stats.bytes_out += size
+                usage = conn.usage
+                usage.messages_out += count
+                usage.bytes_out += size
+                if conn.emit(wire):
+                    dirty.add(conn)
+            else:
+                rest.append(delivery)
+        return rest
+
     def take(self, message: Message) -> bool:
         """Retain ``message`` if it asks to be and is the newest of its topic (see
         broker_edge.retained), and carry out an operator's control message then (or when it is
@@ -1004,9 +1107,16 @@ class Broker:
                     details=details,
                 )
                 self.journal.append(
-                    self.wall_clock_us(), OPERATOR_TENANT, EDGE_CLIENT_ID, topic, 0, False,
-                    payload, None, (),
-                )  # fmt: skip
+                    self.wall_clock_us(),
+                    OPERATOR_TENANT,
+                    EDGE_CLIENT_ID,
+                    topic,
+                    0,
+                    False,
+                    payload,
+                    None,
+                    (),
+                )
             else:
                 self.log(OPERATOR_TENANT, "journal_error", "", details, origin="journal")
         elif status.state == "full" and previous.state != "full":

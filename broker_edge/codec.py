@@ -883,6 +883,68 @@ class Decoder:
                 return self._decode(first, data[start:stop])
         return self._next_packet_slow()
 
+    def same_publishes(
+        self, qos: int, topic: bytes, max_count: int, max_bytes: int
+    ) -> tuple[list[bytes], list[int], list[bytes]] | None:
+        """The PUBLISH packets at ``qos`` (0 or 1) without DUP, RETAIN or properties that
+        follow the packet returned last and whose topic name is ``topic`` (as on the wire,
+        with its length): their payloads, packet ids and bytes, at most ``max_count`` of them
+        and ``max_bytes`` of payload; None when the next packet is not one. QoS 0: no ids,
+        and the bytes of all of them in one piece (what a subscriber of this protocol
+        version gets); QoS 1: each packet's own.
+
+        The scan stops at the first packet it does not take whole from ``_data`` in the
+        hot path's form (a one- or two-byte remaining length), or with a packet id 0:
+        ``next_packet`` reads that one, and raises for it if it is malformed or too large.
+        """
+        data = self._data
+        pos = begin = self._pos
+        end = len(data)
+        limit = self.max_packet_size
+        first = 0x32 if qos else 0x30
+        at = len(topic)  # where the packet id is, after the fixed header
+        size = at + (2 if qos else 0)
+        if self.protocol_version == _V5:
+            size += 1  # the property length, 0
+        payloads: list[bytes] = []
+        pids: list[int] = []
+        packets: list[bytes] = []
+        taken = 0
+        while pos + 2 <= end and data[pos] == first and len(payloads) < max_count:
+            length = data[pos + 1]
+            body = pos + 2
+            if length & 0x80:
+                if body == end or not 0 < data[body] < 0x80:
+                    break
+                length = (length & 0x7F) | (data[body] << 7)
+                body += 1
+            stop = body + length
+            if (
+                stop > end
+                or stop - pos > limit
+                or length < size
+                or not data.startswith(topic, body)
+                or (size > at + 2 * qos and data[body + size - 1])  # v5 properties
+                or taken + length - size > max_bytes
+            ):
+                break
+            if qos:
+                pid = (data[body + at] << 8) | data[body + at + 1]
+                if not pid:
+                    break
+                pids.append(pid)
+                packets.append(data[pos:stop])
+            taken += length - size
+            payloads.append(data[body + size : stop])
+            pos = stop
+        if not payloads:
+            return None
+        self._pos = pos
+        self.decoded += len(payloads)
+        if not qos:
+            packets.append(data[begin:pos])
+        return payloads, pids, packets
+
     def _next_packet_slow(self) -> Packet | None:
         data = self._data
         pos = self._pos

@@ -343,6 +343,41 @@ class Connection:
             return packet
         return None
 
+    def take_run(
+        self, publish: Publish, max_count: int, max_bytes: int
+    ) -> tuple[list[bytes], list[int], list[bytes]] | None:
+        """After ``publish`` (the event just returned: QoS 0 or 1 without DUP, RETAIN or
+        properties, so it has its ``wire``), the publishes straight behind it in the same read
+        that are the same but for their payloads (and packet ids): their payloads, packet ids
+        and bytes (``Decoder.same_publishes``), taken as events of their own would be: counted
+        for the journal's backlog, and at QoS 1 each opens its exchange (states.Flow.IN_QOS1).
+        At most ``max_count`` and ``max_bytes`` of payload; an MQTT 5 run at QoS 1 stops at
+        our receive maximum (the publish over it comes from ``next_event``, which refuses
+        it). None when the next packet is not one of them.
+
+        Devices and gateways send runs of one topic; the wiring handles such a run as a whole
+        (one routing, one journal append: ``Broker.accept_run``) when nothing about the client
+        asks for a look at each publish. The machine does not know when that is: it never
+        returns a run from ``next_event``.
+        """
+        wire = publish.wire
+        qos = publish.qos
+        if wire is None or qos > 1 or self.closing:
+            return None
+        if qos and self.version == _V5:
+            max_count = min(max_count, self.limits.receive_maximum - self.inbound_unacked)
+        head = 2 if wire[1] < 0x80 else 3  # the decoder's fast path: a 1- or 2-byte length
+        topic = wire[head : head + 2 + ((wire[head] << 8) | wire[head + 1])]
+        run = self.decoder.same_publishes(qos, topic, max_count, max_bytes)
+        if run is not None:
+            payloads = run[0]
+            if qos:
+                self.inbound_unacked += len(payloads)
+            self.turn_bytes += sum(map(len, payloads)) + len(payloads) * (
+                len(publish.topic) + RECORD_OVERHEAD
+            )
+        return run
+
     def _publish_properties(self, packet: Publish) -> Publish:
         props = packet.properties
         if props.subscription_identifiers:

@@ -186,6 +186,25 @@ class GroupCommitter:
             self._loop.call_soon(self._kick)
         return seq
 
+    def append_run(
+        self,
+        ts_us: int,
+        tenant: str,
+        client_id: str,
+        topic: str,
+        qos: int,
+        payloads: list[bytes],
+        /,
+    ) -> int:
+        """A run of records, one per payload (``JournalWriter.append_run``); the first one's
+        seq."""
+        with self._lock:
+            seq = self._writer.append_run(ts_us, tenant, client_id, topic, qos, payloads)
+        if self._idle and not self._kick_scheduled and self._loop is not None:
+            self._kick_scheduled = True  # as append
+            self._loop.call_soon(self._kick)
+        return seq
+
     def _kick(self) -> None:
         self._kick_scheduled = False
         with self._lock:

@@ -655,6 +655,40 @@ class JournalWriter:
         self._next_seq = seq + 1
         return seq
 
+    def append_run(
+        self,
+        ts_us: int,
+        tenant: str,
+        client_id: str,
+        topic: str,
+        qos: int,
+        payloads: list[bytes],
+    ) -> int:
+        """Buffer one record without RETAIN, content type or user properties per payload, all
+        with the same time, tenant, client id, topic and QoS; return the first one's seq (the
+        others follow it). What ``append`` does for each, in one call."""
+        if qos not in (0, 1, 2):
+            raise ValueError(f"qos must be 0, 1 or 2, got {qos!r}")
+        count = len(payloads)
+        self._values.extend(
+            itertools.chain.from_iterable(
+                zip(
+                    itertools.repeat(ts_us, count),
+                    itertools.repeat(tenant),
+                    itertools.repeat(client_id),
+                    itertools.repeat(topic),
+                    itertools.repeat(qos),
+                    itertools.repeat(False),
+                    payloads,
+                    itertools.repeat(None),
+                    itertools.repeat(()),
+                )
+            )
+        )  # the order of _RECORD_FIELDS
+        seq = self._next_seq
+        self._next_seq = seq + count
+        return seq
+
     def drain(self) -> PendingFrame | None:
         """Take the buffered records out as one frame to commit (None when there are none)."""
         values = self._values

@@ -48,6 +48,13 @@ class FakeJournal:
         self.records.append(dict(zip(self.FIELDS, values, strict=False)))
         return len(self.records)
 
+    def append_run(
+        self, ts_us: int, tenant: str, client_id: str, topic: str, qos: int, payloads: list[bytes]
+    ) -> int:
+        for payload in payloads:
+            self.append(ts_us, tenant, client_id, topic, qos, False, payload)
+        return len(self.records) - len(payloads) + 1
+
     def after_durable(
         self, seq: int, callback: Callable[[], None], refused: Callable[[], None] | None = None
     ) -> None:

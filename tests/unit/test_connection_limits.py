@@ -37,7 +37,8 @@ def test_a_read_that_takes_too_long_is_handled_in_turns() -> None:
     peer = connected(broker, "slow", V5)
     ticks = iter(range(1000))
     broker.clock = lambda: next(ticks) / 1000  # every packet handled takes 1 ms
-    read = b"".join(encode(Publish(topic="t", payload=b"%d" % i), V5) for i in range(20))
+    # A topic each: publishes to one topic in a row are one step (a run: test_publish_runs).
+    read = b"".join(encode(Publish(topic=f"t{i}", payload=b"%d" % i), V5) for i in range(20))
     assert broker.receive(peer.conn, read, 0.0) is True  # yields after ~5 ms of work
     handled = len(broker.journal.device)  # type: ignore[attr-defined]
     assert 1 <= handled < 20

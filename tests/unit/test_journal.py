@@ -195,6 +195,35 @@ def test_append_is_not_durable_until_commit(tmp_path: Path) -> None:
         assert w.flush() == 3
 
 
+def test_a_run_appended_at_once_is_the_frame_its_records_make_one_by_one(
+    tmp_path: Path,
+) -> None:
+    """append_run (the edge's runs of one topic's QoS 0 publishes) buffers exactly what an
+    append per payload would: the same seqs, the same frame bytes."""
+    payloads = [b"", b"x", bytes(300)]
+    frames = []
+    for root, run in ((tmp_path / "one-by-one", False), (tmp_path / "run", True)):
+        with JournalWriter.open(root, NODE) as w:
+            w.append(5, "t", "c", "a/b", 1, True, b"before")
+            if run:
+                assert w.append_run(7, "acme", "dev-1", "a/b", 0, payloads) == 2
+            else:
+                for payload in payloads:
+                    w.append(7, "acme", "dev-1", "a/b", 0, False, payload, None, ())
+            assert w.next_seq == 5
+            frame = w.drain()
+            assert frame is not None
+            frames.append(frame.encode())
+            w.commit(frame)
+    assert frames[0] == frames[1]
+    rows = pa.Table.from_batches(JournalReader(tmp_path / "run" / NODE).read(0, 4)).to_pylist()
+    assert [(r["seq"], r["payload"], r["qos"], r["retain"]) for r in rows[1:]] == [
+        (2, b"", 0, False),
+        (3, b"x", 0, False),
+        (4, bytes(300), 0, False),
+    ]
+
+
 def test_commit_out_of_order_is_refused(tmp_path: Path) -> None:
     with JournalWriter.open(tmp_path, NODE) as w:
         w.append(**record(1))

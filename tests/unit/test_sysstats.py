@@ -42,6 +42,13 @@ class FakeJournal:
         self.records.append(fields)
         return len(self.records)
 
+    def append_run(
+        self, ts_us: int, tenant: str, client_id: str, topic: str, qos: int, payloads: list[bytes]
+    ) -> int:
+        for payload in payloads:
+            self.append(ts_us, tenant, client_id, topic, qos, False, payload, None, ())
+        return len(self.records) - len(payloads) + 1
+
     backlog = 0  # everything is durable at once
 
     lake_committed_seq = 0

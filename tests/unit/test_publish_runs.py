@@ -1,0 +1,332 @@
+"""Runs: the QoS 0 publishes to one topic that follow each other in a read are taken as one
+(``Decoder.same_publishes``, ``Connection.take_run``, ``Broker.accept_run``), and nothing a
+client, a subscriber or the journal sees may differ from taking them one by one. Sans-IO, a
+fake journal; the one-by-one reference is the same bytes fed a byte at a time (no read then
+holds two packets, so no run is ever taken)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_connection import FakeJournal, Peer, connected
+
+from broker_edge.broker import Broker
+from broker_edge.codec import Decoder, PacketTooLarge, encode
+from broker_edge.errors import ProtocolError
+from broker_edge.packets import (
+    Connect,
+    Properties,
+    ProtocolVersion,
+    Puback,
+    Publish,
+    QoS,
+    ReasonCode,
+    Subscribe,
+    Subscription,
+)
+from broker_edge.settings import EdgeSettings
+from broker_edge.tenants import parse
+
+V4 = ProtocolVersion.MQTT_3_1_1
+V5 = ProtocolVersion.MQTT_5
+VERSIONS = [V4, V5]
+
+
+def _topic(first: Publish) -> bytes:
+    """What Connection.take_run compares: the topic name in ``first``'s packet."""
+    assert first.wire is not None
+    head = 2 if first.wire[1] < 0x80 else 3
+    return first.wire[head : head + 2 + len(first.topic.encode())]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_run_is_the_packets_of_the_same_topic_up_to_the_first_other_one(version) -> None:
+    same = [Publish(topic="a/b", payload=b"%d" % i * (i * 40)) for i in range(5)]  # 0..160 B
+    after = [
+        Publish(topic="a/c", payload=b"other topic"),
+        Publish(topic="a/b", payload=b"qos 1", qos=QoS.AT_LEAST_ONCE, packet_id=1),
+    ]
+    decoder = Decoder(protocol_version=version)
+    decoder.feed(b"".join(encode(p, version) for p in same + after))
+    first = decoder.next_packet()
+    assert first == same[0]
+    assert isinstance(first, Publish)
+    run = decoder.same_publishes(0, _topic(first), 100, 10**6)
+    assert run is not None
+    payloads, pids, (wire,) = run
+    assert pids == []
+    assert payloads == [p.payload for p in same[1:]]
+    # The packets as they came (one with a two-byte remaining length among them).
+    assert wire == b"".join(encode(p, version) for p in same[1:])
+    assert decoder.decoded == 5
+    assert list(decoder.packets()) == after
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize(
+    "breaker",
+    [
+        Publish(topic="a/b", payload=b"kept", retain=True),
+        Publish(topic="a/bc", payload=b"longer topic"),
+        Publish(topic="a", payload=b"shorter topic"),
+        Publish(topic="a/b", payload=b"", qos=QoS.AT_LEAST_ONCE, packet_id=9),
+    ],
+    ids=["retain", "longer-topic", "shorter-topic", "qos1"],
+)
+def test_a_run_stops_at_a_packet_that_is_not_the_same(version, breaker) -> None:
+    sent = [Publish(topic="a/b", payload=b"1"), Publish(topic="a/b", payload=b"2"), breaker]
+    decoder = Decoder(protocol_version=version)
+    decoder.feed(b"".join(encode(p, version) for p in sent))
+    first = decoder.next_packet()
+    assert isinstance(first, Publish)
+    run = decoder.same_publishes(0, _topic(first), 100, 10**6)
+    assert run is not None
+    assert run[0] == [b"2"]
+    assert decoder.same_publishes(0, _topic(first), 100, 10**6) is None
+    assert decoder.next_packet() == breaker
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_qos1_run_gives_each_packet_and_its_id_and_stops_at_id_0(version) -> None:
+    same = [
+        Publish(topic="a/b", payload=b"%d" % i * (i * 60), qos=QoS.AT_LEAST_ONCE, packet_id=i + 1)
+        for i in range(4)
+    ]
+    decoder = Decoder(protocol_version=version)
+    zero = bytearray(encode(Publish(topic="a/b", qos=QoS.AT_LEAST_ONCE, packet_id=1), version))
+    zero[7:9] = b"\x00\x00"  # packet id 0 [MQTT-2.3.1-1]: the header, 3, "a/b", then the id
+    decoder.feed(b"".join(encode(p, version) for p in same) + bytes(zero))
+    first = decoder.next_packet()
+    assert first == same[0]
+    assert isinstance(first, Publish)
+    run = decoder.same_publishes(1, _topic(first), 100, 10**6)
+    assert run is not None
+    assert run == (
+        [p.payload for p in same[1:]],
+        [2, 3, 4],
+        [encode(p, version) for p in same[1:]],
+    )
+    with pytest.raises(ProtocolError):
+        decoder.next_packet()
+
+
+def test_a_v5_publish_with_properties_ends_a_run() -> None:
+    props = Publish(topic="a/b", payload=b"typed", properties=Properties(content_type="x"))
+    decoder = Decoder(protocol_version=V5)
+    decoder.feed(b"".join(encode(p, V5) for p in [Publish(topic="a/b", payload=b"1"), props]))
+    first = decoder.next_packet()
+    assert isinstance(first, Publish)
+    assert decoder.same_publishes(0, _topic(first), 100, 10**6) is None
+    assert decoder.next_packet() == props
+
+
+def test_a_run_takes_no_more_than_it_is_allowed() -> None:
+    sent = [Publish(topic="t", payload=bytes(10)) for _ in range(10)]
+    decoder = Decoder(protocol_version=V4)
+    decoder.feed(b"".join(encode(p, V4) for p in sent))
+    first = decoder.next_packet()
+    assert isinstance(first, Publish)
+    prefix = _topic(first)
+    run = decoder.same_publishes(0, prefix, 3, 10**6)
+    assert run is not None
+    assert len(run[0]) == 3  # by count
+    run = decoder.same_publishes(0, prefix, 100, 25)
+    assert run is not None
+    assert len(run[0]) == 2  # by payload bytes: a third would be 30
+    assert decoder.same_publishes(0, prefix, 100, 9) is None
+    assert len(list(decoder.packets())) == 4  # what is left comes out one by one
+    assert decoder.decoded == 10
+
+
+def test_a_packet_cut_by_the_read_or_too_large_is_left_to_next_packet() -> None:
+    small = encode(Publish(topic="t", payload=b"ok"), V4)
+    big = encode(Publish(topic="t", payload=bytes(200)), V4)
+    decoder = Decoder(protocol_version=V4, max_packet_size=100)
+    decoder.feed(small + small + small[:3])
+    first = decoder.next_packet()
+    assert isinstance(first, Publish)
+    run = decoder.same_publishes(0, _topic(first), 100, 10**6)
+    assert run is not None
+    assert run[0] == [b"ok"]  # not the half packet
+    decoder.feed(small[3:] + big)
+    assert decoder.next_packet() == first
+    assert decoder.same_publishes(0, _topic(first), 100, 10**6) is None  # not the big one
+    with pytest.raises(PacketTooLarge):
+        decoder.next_packet()
+
+
+# -- the broker: a run delivers, journals and counts as one publish at a time would --------
+
+
+def _subscriber(broker: Broker, name: str, version: ProtocolVersion, sub: Subscription) -> Peer:
+    peer = connected(broker, name, version)
+    peer.send(Subscribe(packet_id=1, subscriptions=(sub,)))
+    peer.replies()
+    return peer
+
+
+def _feed(broker: Broker, peer: Peer, read: bytes) -> None:
+    """One read, handled in as many turns as it takes."""
+    data = read
+    while broker.receive(peer.conn, data, 0.0):
+        data = b""  # a turn cut short: the rest of the read
+
+
+world_runs: list[list[int]] = []  # the runs of each _world, newest last
+
+
+def _world(read: bytes, *, byte_by_byte: bool, version: ProtocolVersion) -> dict[str, Any]:
+    """A publisher of ``version`` sends ``read`` (one read, or a byte at a time) to subscribers
+    of both versions, one with a subscription identifier, one with retain-as-published; what
+    each got, what the journal holds and what the broker counted."""
+    journal = FakeJournal()
+    broker = Broker(EdgeSettings(node_id="unit"), journal, wall_clock_us=lambda: 5_000_000)
+    subs = {
+        "v4": _subscriber(broker, "v4", V4, Subscription("#")),
+        "v5": _subscriber(broker, "v5", V5, Subscription("a/#", qos=QoS.AT_LEAST_ONCE)),
+        "v5-rap": _subscriber(broker, "v5-rap", V5, Subscription("a/b", retain_as_published=True)),
+    }
+    subs["v5-id"] = connected(broker, "v5-id", V5)
+    subs["v5-id"].send(
+        Subscribe(
+            packet_id=1,
+            subscriptions=(Subscription("a/b"),),
+            properties=Properties(subscription_identifiers=(7,)),
+        )
+    )
+    subs["v5-id"].replies()
+    publisher = connected(broker, "pub", version)
+    publisher.replies()
+    in_runs: list[int] = []  # how many publishes each run took (not compared: a byte at a
+    accept_run = broker.accept_run  # time takes none)
+
+    def counted(*args: Any) -> int:
+        in_runs.append(len(args[4]))
+        return accept_run(*args)
+
+    broker.accept_run = counted  # type: ignore[method-assign]
+    chunks = [read[i : i + 1] for i in range(len(read))] if byte_by_byte else [read]
+    for chunk in chunks:
+        _feed(broker, publisher, chunk)
+        broker.flush_dirty()
+        journal.make_durable()
+        broker.flush_dirty()
+    stats = broker.stats
+    world_runs.append(in_runs)
+    return {
+        "got": {name: peer.replies() for name, peer in subs.items()},
+        "publisher": publisher.replies(),
+        "journal": journal.device,
+        "counts": (stats.messages_in, stats.bytes_in, stats.messages_out, stats.bytes_out),
+        "packets_in": stats.packets_in,
+    }
+
+
+_publishes = st.lists(
+    st.builds(
+        Publish,
+        topic=st.sampled_from(["a/b", "a/c", "b"]),
+        payload=st.binary(max_size=300),  # one- and two-byte remaining lengths
+        qos=st.sampled_from([QoS.AT_MOST_ONCE] * 3 + [QoS.AT_LEAST_ONCE]),
+        retain=st.sampled_from([False] * 5 + [True]),
+        packet_id=st.just(None),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(publishes=_publishes, version=st.sampled_from(VERSIONS))
+def test_a_read_in_runs_gives_what_one_packet_at_a_time_gives(publishes, version) -> None:
+    ids = iter(range(1, 1000))
+    sent = [
+        Publish(p.topic, p.payload, p.qos, p.retain, False, next(ids) if p.qos else None)
+        for p in publishes
+    ]
+    read = b"".join(encode(p, version) for p in sent)
+    assert _world(read, byte_by_byte=False, version=version) == _world(
+        read, byte_by_byte=True, version=version
+    )
+
+
+def test_a_long_run_reaches_every_subscriber_once_and_in_order() -> None:
+    sent = [Publish(topic="a/b", payload=b"%04d" % i) for i in range(3000)]
+    read = b"".join(encode(p, V4) for p in sent)
+    world = _world(read, byte_by_byte=False, version=V4)
+    assert world_runs[-1] == [1024, 1024, 949]  # each after one publish taken on its own
+    assert [p.payload for p in world["got"]["v4"]] == [p.payload for p in sent]
+    assert [p.payload for p in world["got"]["v5-id"]] == [p.payload for p in sent]
+    assert {p.properties.subscription_identifiers for p in world["got"]["v5-id"]} == {(7,)}
+    assert [r["payload"] for r in world["journal"]] == [p.payload for p in sent]
+    assert world["counts"] == (3000, 4 * 3000, 4 * 3000, 4 * 4 * 3000)
+
+
+def test_a_run_stops_at_the_local_quota_and_the_rest_is_refused() -> None:
+    """Issue 14's local quota looks at each publish: a run stops short of the one that
+    reaches the limit, which handle_publish takes (the tenant is blocked with it)."""
+    tenants = parse(
+        {
+            "operator": {"token": "op"},
+            "tenants": {"acme": {"tokens": ["acme-1"], "limits": {"messages_per_day": 10}}},
+        }
+    )
+    journal = FakeJournal()
+    broker = Broker(EdgeSettings(node_id="unit"), journal, wall_clock_us=lambda: 1, tenants=tenants)
+    peers = []
+    for name in ("sub", "pub"):
+        peer = Peer(broker, V5)
+        peer.send(Connect(client_id=name, protocol_version=V5, username="acme-1"))
+        peer.replies()
+        peers.append(peer)
+    sub, pub = peers
+    sub.send(Subscribe(packet_id=1, subscriptions=(Subscription("t"),)))
+    sub.replies()
+    read = b"".join(encode(Publish(topic="t", payload=b"%d" % i), V5) for i in range(15))
+    try:
+        broker.receive(pub.conn, read, 0.0)
+    except ProtocolError as exc:  # pragma: no cover (the refusals are not protocol errors)
+        raise AssertionError(exc) from exc
+    broker.flush_dirty()
+    assert [p.payload for p in sub.replies()] == [b"%d" % i for i in range(10)]
+    assert [r["payload"] for r in journal.device] == [b"%d" % i for i in range(10)]
+    assert "acme" in broker.tenancy.blocked
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_qos1_run_is_acknowledged_in_order_once_durable(version) -> None:
+    sent = [
+        Publish(topic="a/b", payload=b"%d" % i, qos=QoS.AT_LEAST_ONCE, packet_id=i + 1)
+        for i in range(90)  # under the receive maximum (100): nothing is durable mid-read
+    ]
+    read = b"".join(encode(p, version) for p in sent)
+    world = _world(read, byte_by_byte=False, version=version)
+    assert world_runs[-1] == [89]
+    assert world == _world(read, byte_by_byte=True, version=version)
+    assert world["publisher"] == [Puback(packet_id=i + 1) for i in range(90)]
+    assert [(r["payload"], r["qos"]) for r in world["journal"]] == [(p.payload, 1) for p in sent]
+    v5 = world["got"]["v5"]  # at QoS 1, its in-flight window full, the rest queued
+    assert [p.payload for p in v5] == [p.payload for p in sent[: len(v5)]]
+    assert {p.qos for p in v5} == {QoS.AT_LEAST_ONCE}
+    assert len({p.packet_id for p in v5}) == len(v5)
+
+
+def test_a_v5_qos1_run_over_the_receive_maximum_is_refused_as_one_by_one() -> None:
+    limit = EdgeSettings(node_id="unit").max_inflight_messages
+    sent = [
+        Publish(topic="a/b", payload=b"x", qos=QoS.AT_LEAST_ONCE, packet_id=i + 1)
+        for i in range(limit + 5)
+    ]
+    read = b"".join(encode(p, V5) for p in sent)
+    # Nothing is durable until the whole read is handled: the publish over the limit comes
+    # while every one before it is unacknowledged.
+    journal = FakeJournal()
+    broker = Broker(EdgeSettings(node_id="unit"), journal, wall_clock_us=lambda: 1)
+    publisher = connected(broker, "pub", V5)
+    publisher.replies()
+    with pytest.raises(ProtocolError) as refused:
+        _feed(broker, publisher, read)
+    assert refused.value.reason_code == ReasonCode.RECEIVE_MAXIMUM_EXCEEDED
+    assert len(journal.device) == limit
