@@ -926,13 +926,17 @@ class Broker:
             skip = 3 if version == _V5 else 2  # the packet id (and v5's property length)
             for message, raw in zip(messages, packets, strict=True):
                 message.wire = (version, len(raw) - len(message.payload) - skip, raw)
-        self.outbox.deliver(
-            [
-                (session, message, sub_qos, retain, sub_ids)
-                for session, _, sub_qos, retain, sub_ids in deliveries
-                for message in messages
-            ]
-        )
+        if qos:
+            for session, _, sub_qos, retain, sub_ids in deliveries:
+                self.outbox.deliver_run(session, messages, sub_qos, retain, sub_ids)
+        else:
+            self.outbox.deliver(
+                [
+                    (session, message, sub_qos, retain, sub_ids)
+                    for session, _, sub_qos, retain, sub_ids in deliveries
+                    for message in messages
+                ]
+            )
         return seq
 
     def _deliver_run_whole(

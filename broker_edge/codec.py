@@ -945,6 +945,26 @@ class Decoder:
             packets.append(data[begin:pos])
         return payloads, pids, packets
 
+    def same_pubacks(self, max_count: int) -> list[int] | None:
+        """The packet ids of the plain PUBACK packets (no reason code, no properties) that
+        follow the packet returned last, at most ``max_count`` of them; None when the next
+        packet is not one. A packet id 0 ends them (next_packet refuses it)."""
+        data = self._data
+        pos = self._pos
+        end = min(len(data), pos + 4 * max_count)
+        pids: list[int] = []
+        while pos + 4 <= end and data[pos] == 0x40 and data[pos + 1] == 2:
+            pid = (data[pos + 2] << 8) | data[pos + 3]
+            if not pid:
+                break
+            pids.append(pid)
+            pos += 4
+        if not pids:
+            return None
+        self._pos = pos
+        self.decoded += len(pids)
+        return pids
+
     def _next_packet_slow(self) -> Packet | None:
         data = self._data
         pos = self._pos

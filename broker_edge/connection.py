@@ -378,6 +378,15 @@ class Connection:
             )
         return run
 
+    def take_pubacks(self, max_count: int) -> list[int] | None:
+        """After a PUBACK (the event just returned), the packet ids of the plain PUBACKs straight
+        behind it in the same read (``Decoder.same_pubacks``), at most ``max_count``: a
+        subscriber acknowledges the deliveries of one write in one. None when the next packet
+        is not one."""
+        if self.closing:
+            return None
+        return self.decoder.same_pubacks(max_count)
+
     def _publish_properties(self, packet: Publish) -> Publish:
         props = packet.properties
         if props.subscription_identifiers:

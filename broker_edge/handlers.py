@@ -57,6 +57,7 @@ _QOS0 = QoS.AT_MOST_ONCE
 _QOS2 = QoS.EXACTLY_ONCE
 _V5 = ProtocolVersion.MQTT_5
 _PUBREC = FlowEvent.PUBREC
+_PUBACK = FlowEvent.PUBACK
 
 
 def handle_connect(broker: Broker, conn: Connection, packet: Connect, now: float) -> None:
@@ -265,7 +266,8 @@ def handle_ack(
     pid = packet.packet_id
     out = None if session.clean else session.inflight.get(pid)
     before = out.state if out is not None else None
-    if broker.router.acked(session, pid, event):
+    done = broker.router.acked(session, pid, event)
+    if done:
         ended = pid not in session.inflight
         if out is not None and (ended or out.state is not before) and _crossed(broker, out):
             # broker_edge.receipts: ended (PUBACK, PUBCOMP), or received (PUBREC: its PUBREL
@@ -273,8 +275,17 @@ def handle_ack(
             broker.log_received_done(session, out, ended=ended)
         if event is _PUBREC:
             conn.send(Pubrel(packet_id=packet.packet_id))  # [MQTT-4.3.3-3]
-        elif session.queue:  # most acks: nothing waits
-            broker.outbox.drain(session)
+            return
+    if event is _PUBACK and session.clean:
+        # The plain PUBACKs behind this one, taken at once (a clean session has no receipts
+        # to log); what waits in the queue is drained once, after all of them.
+        pids = conn.take_pubacks(RUN_MAX)
+        if pids is not None:
+            acked = broker.router.acked
+            for other in pids:
+                done = acked(session, other, event) or done
+    if done and session.queue:  # most acks: nothing waits
+        broker.outbox.drain(session)
 
 
 def _crossed(broker: Broker, out: Outbound) -> bool:

@@ -152,6 +152,60 @@ class Outbox:
             else:
                 self.deliver_one(session, conn, message, qos, retain, sub_ids)
 
+    def deliver_run(
+        self,
+        session: Session,
+        messages: list[Message],
+        qos: QoS,
+        retain: bool,
+        sub_ids: tuple[int, ...],
+    ) -> None:
+        """One session's deliveries of a run (Broker.accept_run: QoS 1 messages to one topic,
+        each with its publisher's packet in ``wire``), as :meth:`deliver` makes them: those
+        that fit the in-flight window go out as the publisher's packets with this session's
+        packet ids, in one write; the rest, and any delivery the shortcut does not cover,
+        through :meth:`deliver`."""
+        conn = session.connection
+        wire = messages[0].wire
+        if (
+            qos != 1
+            or conn is None
+            or conn.write_paused
+            or retain
+            or sub_ids
+            or conn.alias_out_max
+            or conn.max_packet_out
+            or wire is None
+            or wire[0] != conn.version
+            or session.queue  # what waits goes first
+        ):
+            self.deliver([(session, message, qos, retain, sub_ids) for message in messages])
+            return
+        room = session.max_inflight - len(session.inflight)
+        now = messages[:room] if room < len(messages) else messages
+        inflight = session.inflight
+        sent = _SENT[qos]
+        parts: list[bytes] = []
+        size = 0
+        for message in now:
+            pid = session.next_packet_id()
+            assert pid is not None  # the window is far below 65535
+            _, at, raw = message.wire  # type: ignore[misc]
+            parts += (raw[:at], pid.to_bytes(2, "big"), raw[at + 2 :])
+            size += len(message.payload)
+            inflight[pid] = Outbound(message, qos, False, sent, ())
+        count = len(now)
+        stats = self.stats
+        stats.messages_out += count
+        stats.bytes_out += size
+        usage = conn.usage
+        usage.messages_out += count
+        usage.bytes_out += size
+        if conn.emit(b"".join(parts)):
+            self.dirty.add(conn)
+        if count < len(messages):
+            self.deliver([(session, message, qos, retain, sub_ids) for message in messages[count:]])
+
     # -- deliveries: the outbound QoS flows (states.Flow.OUT_*) ------------------------------
 
     def deliver_one(

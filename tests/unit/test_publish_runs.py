@@ -330,3 +330,67 @@ def test_a_v5_qos1_run_over_the_receive_maximum_is_refused_as_one_by_one() -> No
         _feed(broker, publisher, read)
     assert refused.value.reason_code == ReasonCode.RECEIVE_MAXIMUM_EXCEEDED
     assert len(journal.device) == limit
+
+
+# -- a subscriber's PUBACKs in a row: taken at once, the queue drained after them -----------
+
+
+def _acks_world(*, byte_by_byte: bool, skip: int, version: ProtocolVersion) -> dict[str, Any]:
+    """A v5 subscriber with a receive maximum of 5 gets 23 QoS 1 messages (one read of a
+    ``version`` publisher: v5, its packets with the subscriber's ids): it acknowledges what
+    it got each time in one read (or a byte at a time), but for ``skip`` (acknowledged late:
+    a gap in the run), until it has them all. What it got, write by write."""
+    journal = FakeJournal()
+    broker = Broker(EdgeSettings(node_id="unit"), journal, wall_clock_us=lambda: 1)
+    sub = Peer(broker, V5)
+    sub.send(
+        Connect(client_id="sub", protocol_version=V5, properties=Properties(receive_maximum=5))
+    )
+    sub.replies()
+    sub.send(Subscribe(packet_id=1, subscriptions=(Subscription("t", qos=QoS.AT_LEAST_ONCE),)))
+    sub.replies()
+    pub = connected(broker, "pub", version)
+    pub.replies()
+    sent = [
+        Publish(topic="t", payload=b"%d" % i, qos=QoS.AT_LEAST_ONCE, packet_id=i + 1)
+        for i in range(23)
+    ]
+    _feed(broker, pub, b"".join(encode(p, version) for p in sent))
+    broker.flush_dirty()
+    got: list[list[tuple[bytes, int | None]]] = []
+    late: list[int] = []
+    for _ in range(40):
+        new = [p for p in sub.replies() if isinstance(p, Publish)]
+        if not new and not late:
+            break
+        got.append([(p.payload, p.packet_id) for p in new])
+        pids = [p.packet_id for p in new if p.packet_id is not None]
+        if skip in pids:
+            pids.remove(skip)
+            late.append(skip)
+        elif late and not new:
+            pids, late = late, []
+        read = b"".join(encode(Puback(packet_id=pid), V5) for pid in pids)
+        for chunk in [read[i : i + 1] for i in range(len(read))] if byte_by_byte else [read]:
+            _feed(broker, sub, chunk)
+            broker.flush_dirty()
+    session = broker.session_of[sub.conn]
+    return {
+        "got": got,
+        "inflight": sorted(session.inflight),
+        "queued": len(session.queue),
+        "out": broker.stats.messages_out,
+        "packets_in": broker.stats.packets_in,
+    }
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("skip", [0, 3], ids=["in-order", "one-late"])
+def test_pubacks_in_a_row_free_the_window_as_one_at_a_time_does(skip, version) -> None:
+    world = _acks_world(byte_by_byte=False, skip=skip, version=version)
+    assert world == _acks_world(byte_by_byte=True, skip=skip, version=version)
+    got = world["got"]
+    assert [payload for write in got for payload, _ in write] == [b"%d" % i for i in range(23)]
+    assert max(map(len, got)) == 5  # its receive maximum [MQTT-3.3.4-7]
+    assert world["inflight"] == []
+    assert world["queued"] == 0
