@@ -217,6 +217,12 @@ class Broker:
         # Write every connection's pending output (Outbox.flush; bound once: it runs after
         # every read and every journal commit).
         self.flush_dirty: Callable[[], None] = self.outbox.flush
+        # The journal's report, run now if a commit finished since it last ran
+        # (GroupCommitter.poll; a journal without one reports on its own). The listener calls
+        # it after each read: a QoS 1/2 publish is acknowledged as soon as the loop is between
+        # reads, not when it reaches the report the commit thread scheduled behind the reads
+        # of this iteration.
+        self.poll_journal: Callable[[], None] = getattr(journal, "poll", _noop)
         today = datetime.fromtimestamp(wall_clock_us() / 1e6, UTC).date()
         self.tenancy = Tenancy(tenants, settings.node_id, local_operator_token, today)
         # Live connections per tenant on this node (the tenants' "sessions" gauge).
@@ -899,8 +905,10 @@ class Broker:
 
         A connected subscriber of the same protocol version that takes a QoS 0 run as it is
         gets those bytes in one piece; any other delivery is each message's, as from
-        :meth:`accept`. Only for a client that is not the operator, on a broker without a
-        mesh or adopted sessions (handlers.handle_publish checks)."""
+        :meth:`accept`. A tenant with shared subscriptions has each message routed on its
+        own (a group gives each message to its next member). Only for a client that is not
+        the operator, on a broker without a mesh or adopted sessions (handlers.handle_publish
+        checks)."""
         ts_us = self.wall_clock_us()
         seq = self.journal.append_run(ts_us, tenant, client_id, topic, qos, payloads)
         node = self.node_id
@@ -908,11 +916,13 @@ class Broker:
         first = Message(
             tenant, topic, payloads[0], level, False, client_id, ts_us, NO_PROPERTIES, seq, node
         )
-        deliveries = self.router.route(first, client_id, True, None)
-        if deliveries is None:
-            return seq
         count = len(payloads)
-        if not qos:
+        ns = self.router.namespaces.get(tenant)
+        shared = ns is not None and bool(ns.shared)
+        deliveries = None if shared else self.router.route(first, client_id, True, None)
+        if deliveries is None and not shared:
+            return seq
+        if deliveries and not qos:
             deliveries = self._deliver_run_whole(deliveries, count, size, packets[0], version)
             if not deliveries:
                 return seq
@@ -926,14 +936,21 @@ class Broker:
             skip = 3 if version == _V5 else 2  # the packet id (and v5's property length)
             for message, raw in zip(messages, packets, strict=True):
                 message.wire = (version, len(raw) - len(message.payload) - skip, raw)
-        if qos:
-            for session, _, sub_qos, retain, sub_ids in deliveries:
+        if shared:
+            # A shared group gives each message to its next member (SharedGroup.pick): routed
+            # one by one, as accept would.
+            for message in messages:
+                each = self.router.route(message, client_id, True, None)
+                if each is not None:
+                    self.outbox.deliver(each)
+        elif qos:
+            for session, _, sub_qos, retain, sub_ids in deliveries or ():
                 self.outbox.deliver_run(session, messages, sub_qos, retain, sub_ids)
         else:
             self.outbox.deliver(
                 [
                     (session, message, sub_qos, retain, sub_ids)
-                    for session, _, sub_qos, retain, sub_ids in deliveries
+                    for session, _, sub_qos, retain, sub_ids in deliveries or ()
                     for message in messages
                 ]
             )

@@ -394,3 +394,34 @@ def test_pubacks_in_a_row_free_the_window_as_one_at_a_time_does(skip, version) -
     assert max(map(len, got)) == 5  # its receive maximum [MQTT-3.3.4-7]
     assert world["inflight"] == []
     assert world["queued"] == 0
+
+
+def _shared_world(*, byte_by_byte: bool) -> dict[str, Any]:
+    """Two members of one shared group and a plain subscriber; a publisher's run of QoS 0,
+    then of QoS 1, to their topic."""
+    journal = FakeJournal()
+    broker = Broker(EdgeSettings(node_id="unit"), journal, wall_clock_us=lambda: 1)
+    peers = {
+        name: _subscriber(broker, name, V4, Subscription(topic_filter, qos=QoS.AT_LEAST_ONCE))
+        for name, topic_filter in (("m1", "$share/g/t"), ("m2", "$share/g/t"), ("plain", "t"))
+    }
+    pub = connected(broker, "pub", V4)
+    pub.replies()
+    sent = [Publish(topic="t", payload=b"%d" % i) for i in range(10)] + [
+        Publish(topic="t", payload=b"q%d" % i, qos=QoS.AT_LEAST_ONCE, packet_id=i + 1)
+        for i in range(10)
+    ]
+    read = b"".join(encode(p, V4) for p in sent)
+    for chunk in [read[i : i + 1] for i in range(len(read))] if byte_by_byte else [read]:
+        _feed(broker, pub, chunk)
+        broker.flush_dirty()
+    journal.make_durable()
+    broker.flush_dirty()
+    return {name: [p.payload for p in peer.replies()] for name, peer in peers.items()}
+
+
+def test_a_run_to_a_shared_group_is_shared_out_message_by_message() -> None:
+    world = _shared_world(byte_by_byte=False)
+    assert world == _shared_world(byte_by_byte=True)
+    assert len(world["m1"]) == len(world["m2"]) == 10  # each message to the next member
+    assert len(world["plain"]) == 20
