@@ -178,9 +178,12 @@ def _feed(broker: Broker, peer: Peer, read: bytes) -> None:
 world_runs: list[list[int]] = []  # the runs of each _world, newest last
 
 
-def _world(read: bytes, *, byte_by_byte: bool, version: ProtocolVersion) -> dict[str, Any]:
+def _world(
+    read: bytes, *, byte_by_byte: bool, version: ProtocolVersion, shared: bool = False
+) -> dict[str, Any]:
     """A publisher of ``version`` sends ``read`` (one read, or a byte at a time) to subscribers
-    of both versions, one with a subscription identifier, one with retain-as-published; what
+    of both versions, one with a subscription identifier, one with retain-as-published (and,
+    ``shared``, two members of a shared group); what
     each got, what the journal holds and what the broker counted."""
     journal = FakeJournal()
     broker = Broker(EdgeSettings(node_id="unit"), journal, wall_clock_us=lambda: 5_000_000)
@@ -189,6 +192,9 @@ def _world(read: bytes, *, byte_by_byte: bool, version: ProtocolVersion) -> dict
         "v5": _subscriber(broker, "v5", V5, Subscription("a/#", qos=QoS.AT_LEAST_ONCE)),
         "v5-rap": _subscriber(broker, "v5-rap", V5, Subscription("a/b", retain_as_published=True)),
     }
+    if shared:  # the tenant's runs are then routed message by message
+        for name, version_ in (("shared-1", V4), ("shared-2", V5)):
+            subs[name] = _subscriber(broker, name, version_, Subscription("$share/g/a/#"))
     subs["v5-id"] = connected(broker, "v5-id", V5)
     subs["v5-id"].send(
         Subscribe(
@@ -239,16 +245,16 @@ _publishes = st.lists(
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(publishes=_publishes, version=st.sampled_from(VERSIONS))
-def test_a_read_in_runs_gives_what_one_packet_at_a_time_gives(publishes, version) -> None:
+@given(publishes=_publishes, version=st.sampled_from(VERSIONS), shared=st.booleans())
+def test_a_read_in_runs_gives_what_one_packet_at_a_time_gives(publishes, version, shared) -> None:
     ids = iter(range(1, 1000))
     sent = [
         Publish(p.topic, p.payload, p.qos, p.retain, False, next(ids) if p.qos else None)
         for p in publishes
     ]
     read = b"".join(encode(p, version) for p in sent)
-    assert _world(read, byte_by_byte=False, version=version) == _world(
-        read, byte_by_byte=True, version=version
+    assert _world(read, byte_by_byte=False, version=version, shared=shared) == _world(
+        read, byte_by_byte=True, version=version, shared=shared
     )
 
 
