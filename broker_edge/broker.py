@@ -217,12 +217,6 @@ class Broker:
         # Write every connection's pending output (Outbox.flush; bound once: it runs after
         # every read and every journal commit).
         self.flush_dirty: Callable[[], None] = self.outbox.flush
-        # The journal's report, run now if a commit finished since it last ran
-        # (GroupCommitter.poll; a journal without one reports on its own). The listener calls
-        # it after each read: a QoS 1/2 publish is acknowledged as soon as the loop is between
-        # reads, not when it reaches the report the commit thread scheduled behind the reads
-        # of this iteration.
-        self.poll_journal: Callable[[], None] = getattr(journal, "poll", _noop)
         today = datetime.fromtimestamp(wall_clock_us() / 1e6, UTC).date()
         self.tenancy = Tenancy(tenants, settings.node_id, local_operator_token, today)
         # Live connections per tenant on this node (the tenants' "sessions" gauge).

@@ -413,12 +413,6 @@ class GroupCommitter:
             self.on_commit()
         self._kick()  # a thread that waited for this report commits what came meanwhile
 
-    def poll(self) -> None:
-        """Run the report now if a commit finished since it last ran (event loop): what it
-        releases need not wait for the loop to reach the report the thread scheduled."""
-        if self._committed_seq > self.durable_seq:
-            self._report()
-
     def _refuse_waiters(self) -> None:
         waiters, self._waiters = self._waiters, deque()
         for _, _, refused in waiters:

@@ -159,7 +159,6 @@ class MqttProtocol(asyncio.BaseProtocol):
             broker.protocol_failure(
                 conn, ProtocolError(repr(exc), ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
             )
-        broker.poll_journal()
         broker.flush_dirty()
         if more:  # reading is paused meanwhile (PAUSED_BY_ROUTING)
             self._loop.call_soon(self._next_turn)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import pytest
@@ -63,34 +62,6 @@ def test_every_record_is_acknowledged_in_order_after_it_is_durable(tmp_path: Pat
     assert [p.as_py() for b in batches for p in b.column("payload")] == [
         b"%d" % i for i in range(1000)
     ]
-
-
-def test_poll_acknowledges_a_finished_commit_before_the_scheduled_report_runs(
-    tmp_path: Path,
-) -> None:
-    """The listener polls after each read: a commit that finished while the loop was busy is
-    acknowledged then, not when the loop reaches the report the thread scheduled."""
-
-    async def main() -> tuple[list[int], list[int]]:
-        committer = GroupCommitter(JournalWriter.open(tmp_path, NODE, fsync=True))
-        committer.start()
-        acked: list[int] = []
-        seq = _append(committer, 1)
-        committer.after_durable(seq, lambda: acked.append(seq))
-        await asyncio.sleep(0)  # the kick: the thread commits the frame
-        writer = committer._writer
-        deadline = time.monotonic() + 10
-        while writer.durable_seq < seq and time.monotonic() < deadline:
-            time.sleep(0.001)  # the loop is busy: the scheduled report cannot run
-        before = list(acked)
-        committer.poll()
-        after = list(acked)
-        await committer.close()
-        return before, after
-
-    before, after = asyncio.run(main())
-    assert before == []
-    assert after == [1]
 
 
 def test_close_commits_what_was_appended_while_it_stopped(tmp_path: Path) -> None:
