@@ -14,6 +14,11 @@ Delivery to subscribers does not wait for the journal: only the *acknowledgement
 publisher does (so subscribers see the lowest latency, and a crash can at worst lose a message
 that was never acknowledged, which the publisher resends).
 
+Runs: the publishes to one topic that follow each other in a read (QoS 0 or 1, no DUP, RETAIN
+or properties) are taken after the first as one (:meth:`accept_run`: one journal append, one
+routing, one write per subscriber), when nothing about the client or the broker looks at each
+publish (handlers._publish_run says what does). What anyone sees is what one at a time gives.
+
 Time comes in from outside: :meth:`tick` does what is due and returns when it next needs the
 clock; ``wake_at`` asks the node for an earlier tick.
 """

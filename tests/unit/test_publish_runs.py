@@ -183,8 +183,8 @@ def _world(
 ) -> dict[str, Any]:
     """A publisher of ``version`` sends ``read`` (one read, or a byte at a time) to subscribers
     of both versions, one with a subscription identifier, one with retain-as-published (and,
-    ``shared``, two members of a shared group); what
-    each got, what the journal holds and what the broker counted."""
+    ``shared``, two members of a shared group); what each got, what the journal holds and
+    what the broker counted."""
     journal = FakeJournal()
     broker = Broker(EdgeSettings(node_id="unit"), journal, wall_clock_us=lambda: 5_000_000)
     subs = {
