@@ -904,56 +904,81 @@ class Broker:
 
         A connected subscriber of the same protocol version that takes a QoS 0 run as it is
         gets those bytes in one piece; any other delivery is each message's, as from
+        :meth:`accept`. Each message goes to the mesh's peers first, in seq order, as from
         :meth:`accept`. A tenant with shared subscriptions has each message routed on its
         own (a group gives each message to its next member). Only for a client that is not
-        the operator, on a broker without a mesh or adopted sessions (handlers.handle_publish
-        checks)."""
+        the operator, on a broker without adopted sessions (handlers._publish_run checks)."""
         ts_us = self.wall_clock_us()
         seq = self.journal.append_run(ts_us, tenant, client_id, topic, qos, payloads)
-        node = self.node_id
         level = QoS(qos)
         first = Message(
-            tenant, topic, payloads[0], level, False, client_id, ts_us, NO_PROPERTIES, seq, node
-        )
-        count = len(payloads)
-        ns = self.router.namespaces.get(tenant)
-        shared = ns is not None and bool(ns.shared)
-        deliveries = None if shared else self.router.route(first, client_id, True, None)
-        if deliveries is None and not shared:
-            return seq
-        if deliveries and not qos:
-            deliveries = self._deliver_run_whole(deliveries, count, size, packets[0], version)
-            if not deliveries:
-                return seq
-        messages = [first]
-        messages += (
-            Message(tenant, topic, payloads[i], level, False, client_id, ts_us, NO_PROPERTIES,
-                    seq + i, node)
-            for i in range(1, count)
+            tenant, topic, payloads[0], level, False, client_id, ts_us, NO_PROPERTIES, seq,
+            self.node_id,
         )  # fmt: skip
-        if qos:
-            skip = 3 if version == _V5 else 2  # the packet id (and v5's property length)
-            for message, raw in zip(messages, packets, strict=True):
-                message.wire = (version, len(raw) - len(message.payload) - skip, raw)
-        if shared:
+        messages: list[Message] | None = None
+        kept: list[Container[Share] | None] | None = None
+        if self.mesh is not None:
+            # First, as in accept: the peers get the run in seq order, before anything its
+            # deliveries set off (a queue's overflow) is journaled and forwarded after it.
+            messages = self._run_messages(first, payloads, packets, version)
+            forward = self.mesh.forward
+            kept = [forward(message) for message in messages]
+        ns = self.router.namespaces.get(tenant)
+        if ns is not None and ns.shared:
             # A shared group gives each message to its next member (SharedGroup.pick): routed
             # one by one, as accept would.
-            for message in messages:
-                each = self.router.route(message, client_id, True, None)
+            if messages is None:
+                messages = self._run_messages(first, payloads, packets, version)
+            for i, message in enumerate(messages):
+                each = self.router.route(message, client_id, True, kept[i] if kept else None)
                 if each is not None:
                     self.outbox.deliver(each)
-        elif qos:
-            for session, _, sub_qos, retain, sub_ids in deliveries or ():
+            return seq
+        # The shares the mesh kept here only choose among shared groups: the tenant has none.
+        deliveries = self.router.route(first, client_id, True, None)
+        if deliveries is None:
+            return seq
+        if not qos:
+            deliveries = self._deliver_run_whole(deliveries, len(payloads), size, packets[0],
+                                                 version)  # fmt: skip
+            if not deliveries:
+                return seq
+        if messages is None:
+            messages = self._run_messages(first, payloads, packets, version)
+        if qos:
+            for session, _, sub_qos, retain, sub_ids in deliveries:
                 self.outbox.deliver_run(session, messages, sub_qos, retain, sub_ids)
         else:
             self.outbox.deliver(
                 [
                     (session, message, sub_qos, retain, sub_ids)
-                    for session, _, sub_qos, retain, sub_ids in deliveries or ()
+                    for session, _, sub_qos, retain, sub_ids in deliveries
                     for message in messages
                 ]
             )
         return seq
+
+    @staticmethod
+    def _run_messages(
+        first: Message, payloads: list[bytes], packets: list[bytes], version: int
+    ) -> list[Message]:
+        """Every message of a run (``first`` is the first's); at QoS 1 each with its packet
+        as it came (``Message.wire``, as from accept)."""
+        tenant, topic, qos, client_id, ts_us = (
+            first.tenant, first.topic, first.qos, first.client_id, first.ts_us
+        )  # fmt: skip
+        seq, node = first.seq, first.origin
+        messages = [first]
+        messages += (
+            Message(tenant, topic, payloads[i], qos, False, client_id, ts_us, NO_PROPERTIES,
+                    seq + i, node)
+            for i in range(1, len(payloads))
+        )  # fmt: skip
+        if qos:
+            skip = 3 if version == _V5 else 2  # the packet id (and v5's property length)
+            for message, raw in zip(messages, packets, strict=True):
+                message.wire = (version, len(raw) - len(message.payload) - skip, raw)
+        return messages
 
     def _deliver_run_whole(
         self, deliveries: list[Delivery], count: int, size: int, wire: bytes, version: int

@@ -209,8 +209,8 @@ def _publish_run(broker: Broker, conn: Connection, first: Publish, fanout: int) 
     last).
 
     Only when nothing about the client or the broker looks at each publish: the checks of
-    handle_publish's first lines, the rate limit, the operator's control topics, the mesh and
-    the sessions adopted from a peer are all for a publish at a time."""
+    handle_publish's first lines, the rate limit, the operator's control topics and the
+    sessions adopted from a peer are all for a publish at a time."""
     if (
         first.topic[0] == "$"
         or conn.acl is not ALLOW_ALL
@@ -218,7 +218,6 @@ def _publish_run(broker: Broker, conn: Connection, first: Publish, fanout: int) 
         or conn.rate
         or conn.operator
         or broker.tenancy.blocked
-        or broker.mesh is not None
         or broker.moves.adopted
     ):
         return

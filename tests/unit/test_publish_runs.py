@@ -16,6 +16,7 @@ from test_connection import FakeJournal, Peer, connected
 from broker_edge.broker import Broker
 from broker_edge.codec import Decoder, PacketTooLarge, encode
 from broker_edge.errors import ProtocolError
+from broker_edge.message import Message
 from broker_edge.packets import (
     Connect,
     Properties,
@@ -175,18 +176,43 @@ def _feed(broker: Broker, peer: Peer, read: bytes) -> None:
         data = b""  # a turn cut short: the rest of the read
 
 
+class Forwarder:
+    """The mesh as the broker sees it: what it was given to forward, in order."""
+
+    def __init__(self) -> None:
+        self.forwarded: list[tuple[int, str, bytes, int]] = []
+
+    def forward(self, message: Message) -> None:
+        self.forwarded.append((message.seq, message.topic, message.payload, message.qos))
+
+    def sys_values(self) -> tuple[tuple[str, str], ...]:
+        return ()
+
+    def claim(self, claim: object, done: object) -> bool:
+        return False  # nobody to wait for
+
+
 world_runs: list[list[int]] = []  # the runs of each _world, newest last
 
 
 def _world(
-    read: bytes, *, byte_by_byte: bool, version: ProtocolVersion, shared: bool = False
+    read: bytes,
+    *,
+    byte_by_byte: bool,
+    version: ProtocolVersion,
+    shared: bool = False,
+    meshed: bool = False,
 ) -> dict[str, Any]:
     """A publisher of ``version`` sends ``read`` (one read, or a byte at a time) to subscribers
     of both versions, one with a subscription identifier, one with retain-as-published (and,
-    ``shared``, two members of a shared group); what each got, what the journal holds and
-    what the broker counted."""
+    ``shared``, two members of a shared group; ``meshed``, a mesh that is given each
+    publish); what each got, what the journal holds, what the mesh was given and what the
+    broker counted."""
     journal = FakeJournal()
     broker = Broker(EdgeSettings(node_id="unit"), journal, wall_clock_us=lambda: 5_000_000)
+    mesh = Forwarder()
+    if meshed:
+        broker.mesh = mesh
     subs = {
         "v4": _subscriber(broker, "v4", V4, Subscription("#")),
         "v5": _subscriber(broker, "v5", V5, Subscription("a/#", qos=QoS.AT_LEAST_ONCE)),
@@ -226,36 +252,44 @@ def _world(
         "got": {name: peer.replies() for name, peer in subs.items()},
         "publisher": publisher.replies(),
         "journal": journal.device,
+        "forwarded": mesh.forwarded,
         "counts": (stats.messages_in, stats.bytes_in, stats.messages_out, stats.bytes_out),
         "packets_in": stats.packets_in,
     }
 
 
-_publishes = st.lists(
-    st.builds(
-        Publish,
-        topic=st.sampled_from(["a/b", "a/c", "b"]),
-        payload=st.binary(max_size=300),  # one- and two-byte remaining lengths
-        qos=st.sampled_from([QoS.AT_MOST_ONCE] * 3 + [QoS.AT_LEAST_ONCE]),
-        retain=st.sampled_from([False] * 5 + [True]),
-        packet_id=st.just(None),
+# Bursts: publishes to one topic at one QoS in a row (a run after the first, unless retained),
+# their payloads of one- and two-byte remaining lengths.
+_bursts = st.lists(
+    st.tuples(
+        st.sampled_from(["a/b", "a/c", "b"]),
+        st.sampled_from([QoS.AT_MOST_ONCE] * 2 + [QoS.AT_LEAST_ONCE]),
+        st.sampled_from([False] * 5 + [True]),
+        st.lists(st.binary(max_size=300), min_size=1, max_size=6),
     ),
-    max_size=40,
+    max_size=8,
 )
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(publishes=_publishes, version=st.sampled_from(VERSIONS), shared=st.booleans())
-def test_a_read_in_runs_gives_what_one_packet_at_a_time_gives(publishes, version, shared) -> None:
+@given(
+    bursts=_bursts,
+    version=st.sampled_from(VERSIONS),
+    shared=st.booleans(),
+    meshed=st.booleans(),
+)
+def test_a_read_in_runs_gives_what_one_packet_at_a_time_gives(
+    bursts, version, shared, meshed
+) -> None:
     ids = iter(range(1, 1000))
     sent = [
-        Publish(p.topic, p.payload, p.qos, p.retain, False, next(ids) if p.qos else None)
-        for p in publishes
+        Publish(topic, payload, qos, retain, False, next(ids) if qos else None)
+        for topic, qos, retain, payloads in bursts
+        for payload in payloads
     ]
     read = b"".join(encode(p, version) for p in sent)
-    assert _world(read, byte_by_byte=False, version=version, shared=shared) == _world(
-        read, byte_by_byte=True, version=version, shared=shared
-    )
+    kind = {"version": version, "shared": shared, "meshed": meshed}
+    assert _world(read, byte_by_byte=False, **kind) == _world(read, byte_by_byte=True, **kind)
 
 
 def test_a_long_run_reaches_every_subscriber_once_and_in_order() -> None:
@@ -431,3 +465,18 @@ def test_a_run_to_a_shared_group_is_shared_out_message_by_message() -> None:
     assert world == _shared_world(byte_by_byte=True)
     assert len(world["m1"]) == len(world["m2"]) == 10  # each message to the next member
     assert len(world["plain"]) == 20
+
+
+def test_a_meshed_edge_forwards_each_message_of_a_run_in_seq_order() -> None:
+    sent = [Publish(topic="a/b", payload=b"%d" % i) for i in range(50)] + [
+        Publish(topic="a/b", payload=b"q%d" % i, qos=QoS.AT_LEAST_ONCE, packet_id=i + 1)
+        for i in range(50)
+    ]
+    read = b"".join(encode(p, V5) for p in sent)
+    world = _world(read, byte_by_byte=False, version=V5, meshed=True)
+    assert world_runs[-1] == [49, 49]
+    assert world == _world(read, byte_by_byte=True, version=V5, meshed=True)
+    device = [(seq, payload) for seq, topic, payload, _ in world["forwarded"] if topic[0] != "$"]
+    assert [payload for _, payload in device] == [p.payload for p in sent]
+    first = device[0][0]
+    assert [seq for seq, _ in device] == list(range(first, first + 100))  # the journal's order
