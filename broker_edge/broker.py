@@ -939,8 +939,8 @@ class Broker:
         if deliveries is None:
             return seq
         if not qos:
-            deliveries = self._deliver_run_whole(deliveries, len(payloads), size, packets[0],
-                                                 version)  # fmt: skip
+            deliveries = self.outbox.deliver_whole(deliveries, len(payloads), size, packets[0],
+                                                   version)  # fmt: skip
             if not deliveries:
                 return seq
         if messages is None:
@@ -979,38 +979,6 @@ class Broker:
             for message, raw in zip(messages, packets, strict=True):
                 message.wire = (version, len(raw) - len(message.payload) - skip, raw)
         return messages
-
-    def _deliver_run_whole(
-        self, deliveries: list[Delivery], count: int, size: int, wire: bytes, version: int
-    ) -> list[Delivery]:
-        """A QoS 0 run's deliveries to connected subscribers of the run's protocol version
-        that take its packets as they are (Outbox.deliver's QoS 0 hot path, for the whole run
-        at once); the others, to be delivered message by message."""
-        stats = self.stats
-        dirty = self.outbox.dirty
-        rest = []
-        for delivery in deliveries:
-            session, _, _, retain, sub_ids = delivery
-            conn = session.connection
-            if (
-                conn is not None
-                and conn.version == version
-                and not retain  # a QoS 0 message: its delivery's QoS is 0 too
-                and not conn.write_paused
-                and not sub_ids
-                and not conn.alias_out_max
-                and not conn.max_packet_out
-            ):
-                stats.messages_out += count
-                stats.bytes_out += size
-                usage = conn.usage
-                usage.messages_out += count
-                usage.bytes_out += size
-                if conn.emit(wire):
-                    dirty.add(conn)
-            else:
-                rest.append(delivery)
-        return rest
 
     def take(self, message: Message) -> bool:
         """Retain ``message`` if it asks to be and is the newest of its topic (see
@@ -1152,16 +1120,9 @@ class Broker:
                     details=details,
                 )
                 self.journal.append(
-                    self.wall_clock_us(),
-                    OPERATOR_TENANT,
-                    EDGE_CLIENT_ID,
-                    topic,
-                    0,
-                    False,
-                    payload,
-                    None,
-                    (),
-                )
+                    self.wall_clock_us(), OPERATOR_TENANT, EDGE_CLIENT_ID, topic, 0, False,
+                    payload, None, (),
+                )  # fmt: skip
             else:
                 self.log(OPERATOR_TENANT, "journal_error", "", details, origin="journal")
         elif status.state == "full" and previous.state != "full":

@@ -179,12 +179,15 @@ class GroupCommitter:
             )
         # Read after the locked append: if the thread went idle before it, this sees so.
         if self._idle and not self._kick_scheduled and self._loop is not None:
-            # Wake the thread once this loop iteration's reads are handled, not at this first
-            # record of the first read: a frame then holds whole reads, and the thread does
-            # not preempt the loop mid-read to commit one record.
-            self._kick_scheduled = True
-            self._loop.call_soon(self._kick)
+            self._kick_soon(self._loop)
         return seq
+
+    def _kick_soon(self, loop: asyncio.AbstractEventLoop) -> None:
+        # Wake the thread once this loop iteration's reads are handled, not at this first
+        # record of the first read: a frame then holds whole reads, and the thread does not
+        # preempt the loop mid-read to commit one record.
+        self._kick_scheduled = True
+        loop.call_soon(self._kick)
 
     def append_run(
         self,
@@ -201,8 +204,7 @@ class GroupCommitter:
         with self._lock:
             seq = self._writer.append_run(ts_us, tenant, client_id, topic, qos, payloads)
         if self._idle and not self._kick_scheduled and self._loop is not None:
-            self._kick_scheduled = True  # as append
-            self._loop.call_soon(self._kick)
+            self._kick_soon(self._loop)  # as append
         return seq
 
     def _kick(self) -> None:
