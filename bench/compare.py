@@ -171,6 +171,7 @@ def started(
                 yield broker
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
+            os.sync()  # the removal's writes go now, not during the next broker's run
     else:
         raise ValueError(f"unknown broker {name!r}; choose from {', '.join(BROKERS)}")
 

@@ -1,8 +1,28 @@
-"""Group commit: publishes are appended on the event loop, made durable in a commit thread.
+"""Group commit: publishes are appended on the event loop and made durable in frames.
 
 Theory of operation
 -------------------
-``append`` (event-loop thread) buffers a record in the journal writer. One commit thread loops:
+Syncs on the loop (Linux, the default). ``append`` buffers a record in the journal writer; once
+the reads of that loop iteration are handled, the loop drains the buffer into one frame, writes
+it (a copy into the page cache) and starts its fdatasync with Linux AIO (ingest.aiosync). The
+kernel signals an eventfd the loop watches when the sync is done; the loop then marks the frame
+durable, acknowledges its publishes and at once writes the next frame from what arrived
+meanwhile. One frame is in flight at a time. Nothing waits for the GIL on the way: a sync in a
+Python thread took ~580 µs under load where the disk needed ~200 (the thread waited for the loop
+to let go of the GIL after every sync), and the edge did 73k TLS QoS 1 msgs/s against 88k.
+
+The commit thread keeps what must not block the loop: a frame that starts a segment (a file and
+a directory to create and sync) is handed to it, and so are a failed frame's retries; it hands
+the commits back to the loop as soon as it has committed one (``_thread_turn``). Each segment
+after the first is a *spare* written ahead by the loop's executor (``JournalWriter.
+prepare_spare``): frames written over zeros sync without the file's size, one disk write fewer
+per sync; a spare is not written when it would take the journal near its disk budget.
+
+Without AIO (another OS, a kernel without it, a journal without fsync, or a test's fault
+injecting file layer) the commit thread does every commit as follows.
+
+The commit thread. ``append`` (event-loop thread) buffers a record in the journal writer. One
+commit thread loops:
 it drains everything buffered so far into one frame, encodes, writes and syncs it, reports the
 new durable seq to the event loop, and at once drains again. So one sync covers every publish
 that arrived while the previous one ran, and the next frame's write and sync start as soon as
@@ -56,13 +76,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
-from ingest.journal import JournalWriteError, JournalWriter, list_segments
+from ingest.aiosync import AioSync
+from ingest.journal import OS_FILES, JournalWriteError, JournalWriter, PendingFrame, list_segments
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +93,9 @@ log = logging.getLogger(__name__)
 MAINTENANCE_INTERVAL = 1.0
 # After a failed write or sync, the thread retries this often (seconds) until one succeeds.
 RETRY_INTERVAL = 1.0
+
+# A spare segment the budget or the disk refused is tried again this often (seconds).
+SPARE_RETRY_INTERVAL = 10.0
 
 # MQTT 5 reason codes that refuse a publish the journal cannot take [MQTT-3.4.2.1].
 UNSPECIFIED_ERROR = 0x80
@@ -92,6 +118,19 @@ class JournalStatus:
         return QUOTA_EXCEEDED if self.state == "full" else 0
 
 
+class Syncer(Protocol):
+    """What the committer needs of :class:`ingest.aiosync.AioSync` (tests give a fake)."""
+
+    def fileno(self) -> int: ...
+    def submit(self, fd: int) -> None: ...
+    def reap(self) -> list[int]: ...
+    def close(self) -> None: ...
+
+
+def _aio_syncer() -> Syncer | None:
+    return AioSync.open()
+
+
 class GroupCommitter:
     def __init__(
         self,
@@ -101,8 +140,20 @@ class GroupCommitter:
         min_free_bytes: int = 0,
         retention_seconds: float = 0.0,
         wall_clock: Callable[[], float] = time.time,
+        syncer: Callable[[], Syncer | None] = _aio_syncer,
     ) -> None:
         self._writer = writer
+        # Syncs that complete on the loop (see "Syncs on the loop"), made in start(): only for
+        # a journal that syncs through the real file layer (tests that inject faults into it
+        # get the thread, where every call goes through that layer).
+        self._make_syncer = syncer
+        self._syncer: Syncer | None = None
+        self._syncing: PendingFrame | None = None  # the frame whose sync is in flight (loop)
+        self._sync_settled: asyncio.Future[None] | None = None  # close() waits for that sync
+        self._thread_turn = True  # the thread may drain and commit (guarded by _lock)
+        self._handed_failure: JournalWriteError | None = None  # a loop commit's, for the thread
+        self._spare_job: asyncio.Future[bool] | None = None  # writing the next segment ahead
+        self._spare_after = 0.0  # loop time before which no spare is tried (after a no)
         # Runs after each report released its waiters (the broker flushes its connections).
         self.on_commit: Callable[[], None] = _noop
         # Runs on the loop when the journal starts or stops refusing (see ``refusing``).
@@ -124,7 +175,8 @@ class GroupCommitter:
         self._min_free = min_free_bytes
         self._retention = retention_seconds
         self._wall_clock = wall_clock
-        self._full_limit: str | None = None  # the limit reached, the thread's view
+        self._full_limit: str | None = None  # the limit reached (guarded by _lock)
+        self._full_reason: str | None = None  # why (guarded by _lock; read by _set_full)
         self._failure_handled = threading.Event()  # the loop dropped the failed records
         self._retry = threading.Event()  # set only to cut a retry wait short (close)
         # What the pipeline has committed of this node (set on the loop from $control).
@@ -139,11 +191,19 @@ class GroupCommitter:
         self.bytes_on_disk = writer.bytes_on_disk
         self.free_bytes = -1
         self.segments_removed = 0
+        # Frames committed on the loop (syncer) and in the thread, for $SYS and tests.
+        self.loop_commits = 0
+        self.thread_commits = 0
         # The event loop's view: every seq up to this one is durable and its waiters ran.
         self.durable_seq = writer.next_seq - 1
         self.status = JournalStatus()
         self.failure: BaseException | None = None
         self.closed = False
+
+    @property
+    def sync_mode(self) -> str:
+        """ "loop" while syncs complete on the event loop, else "thread"."""
+        return "loop" if self._syncer is not None else "thread"
 
     @property
     def backlog(self) -> int:
@@ -210,9 +270,123 @@ class GroupCommitter:
     def _kick(self) -> None:
         self._kick_scheduled = False
         with self._lock:
-            if self._idle:
-                self._idle = False
+            if not self._idle or self.failure is not None:
+                return
+            self._idle = False
+            if self._syncer is None or self._stopping or self._writer.needs_roll:
+                # The thread commits: there is no syncer, the committer closes, or the frame
+                # starts a segment (a file and a directory to create and sync: not on the loop).
+                self._thread_turn = True
                 self._wake.set()
+                return
+        self._commit_on_loop(self._syncer)
+
+    # -- syncs on the loop ---------------------------------------------------------------------
+
+    def _commit_on_loop(self, syncer: Syncer) -> None:
+        """Drain, encode and write a frame here, and start its sync: it ends in _synced."""
+        writer = self._writer
+        with self._lock:
+            frame = writer.drain()
+            if frame is None:
+                self._idle = True
+                return
+        try:
+            fd = writer.write(frame)
+        except JournalWriteError as exc:
+            self._hand_failure(exc)
+            return
+        try:
+            syncer.submit(fd)
+        except OSError as exc:
+            # The kernel would not (this filesystem, a full context): sync this frame here, once,
+            # and commit in the thread from now on.
+            log.warning("journal: asynchronous fdatasync refused (%s); syncing in a thread", exc)
+            self._stop_syncer()
+            try:
+                self._committed_seq = writer.sync(frame)
+            except JournalWriteError as err:
+                self._hand_failure(err)
+                return
+            self._after_loop_commit()
+            return
+        self._syncing = frame
+
+    def _synced(self) -> None:
+        """The syncer's descriptor is readable: the frame in flight is durable, or failed."""
+        assert self._syncer is not None
+        results = self._syncer.reap()
+        frame = self._syncing
+        if not results or frame is None:
+            return
+        self._syncing = None
+        try:
+            if results[-1] < 0:
+                err = -results[-1]
+                raise self._writer.sync_failed(frame, OSError(err, os.strerror(err)))
+            self._committed_seq = self._writer.durable(frame)
+        except JournalWriteError as exc:
+            self._hand_failure(exc)
+        else:
+            self._after_loop_commit()
+        finally:
+            if self._sync_settled is not None and not self._sync_settled.done():
+                self._sync_settled.set_result(None)
+
+    def _after_loop_commit(self) -> None:
+        self.loop_commits += 1
+        with self._lock:
+            self._idle = True
+        self._check_space(_call_now)
+        self._report()  # acknowledges, then _kick: the next frame
+
+    def _hand_failure(self, exc: JournalWriteError) -> None:
+        """A loop commit failed: the thread owns the writer until it recovered (_idle stays
+        False meanwhile, so the loop commits nothing)."""
+        with self._lock:
+            self._thread_turn = True
+            self._handed_failure = exc
+        self._wake.set()
+
+    def _prepare_spare(self) -> None:
+        """Have a thread of the loop's executor write the next segment ahead (a spare: zeros
+        overwritten in place sync without the file's size, one disk write fewer per sync),
+        unless that would take the journal near its disk budget."""
+        writer, loop = self._writer, self._loop
+        if loop is None or self._stopping or loop.time() < self._spare_after:
+            return
+        size = writer.spare_size() + writer.segment_bytes  # the spare, and room to fill it
+        try:
+            too_big = (self._max_bytes and writer.bytes_on_disk + size > self._max_bytes) or (
+                self._min_free and writer.free_bytes() - size < self._min_free
+            )
+        except OSError:
+            too_big = True
+        if too_big:
+            self._spare_after = loop.time() + SPARE_RETRY_INTERVAL
+            return
+        self._spare_job = loop.run_in_executor(None, self._write_spare)
+        self._spare_job.add_done_callback(self._spare_written)
+
+    def _write_spare(self) -> bool:
+        try:
+            self._writer.prepare_spare()
+        except OSError as exc:
+            log.warning("journal: no spare segment written ahead: %s", exc)
+            return False
+        return True
+
+    def _spare_written(self, job: asyncio.Future[bool]) -> None:
+        self._spare_job = None
+        if not job.result() and self._loop is not None:  # the disk said no
+            self._spare_after = self._loop.time() + SPARE_RETRY_INTERVAL
+
+    def _stop_syncer(self) -> None:
+        syncer, self._syncer = self._syncer, None
+        if syncer is not None:
+            if self._loop is not None:
+                self._loop.remove_reader(syncer.fileno())
+            syncer.close()
 
     def after_durable(
         self, seq: int, callback: Callable[[], None], refused: Callable[[], None] | None = None
@@ -226,6 +400,19 @@ class GroupCommitter:
     def start(self) -> None:
         loop = self._loop = asyncio.get_running_loop()
         self._stopped = loop.create_future()
+        writer = self._writer
+        if writer.fsync and writer.files is OS_FILES:
+            self._syncer = self._make_syncer()
+        if self._syncer is not None:
+            loop.add_reader(self._syncer.fileno(), self._synced)
+            self._thread_turn = False
+            self._prepare_spare()
+        log.info(
+            "journal: %s",
+            "syncs complete on the event loop (Linux AIO)"
+            if self._syncer is not None
+            else "syncs in the commit thread",
+        )
         self._thread = threading.Thread(target=self._commit_loop, name="journal", daemon=True)
         self._thread.start()
         self._kick()  # records appended before start (restoring state may publish)
@@ -252,14 +439,23 @@ class GroupCommitter:
             wake.wait(MAINTENANCE_INTERVAL)
             wake.clear()
             self._maintain(loop)
+            with lock:
+                failed, self._handed_failure = self._handed_failure, None
+            if failed is not None:  # a loop commit's (the thread's own are handled below)
+                self._fail_and_retry(loop, failed)
+                if self._stopping:
+                    return
             while True:
                 with lock:
+                    if not self._thread_turn:
+                        break  # the loop commits (and may have a sync in flight)
                     frame = writer.drain()
                     if frame is None:
-                        self._idle = True
+                        self._go_idle()
                         break
                 try:
                     self._committed_seq = writer.commit(frame)
+                    self.thread_commits += 1
                 except JournalWriteError as exc:
                     self._fail_and_retry(loop, exc)
                     if self._stopping:
@@ -267,21 +463,29 @@ class GroupCommitter:
                     continue
                 with lock:
                     lagging = self._report_scheduled
-                    if lagging:
-                        # The loop has not run the previous report yet: it is saturated. Wait
-                        # for that report (it covers this commit too) to wake us, so the next
-                        # frame is bigger and acknowledgements go out in fewer writes.
-                        self._idle = True
-                    else:
+                    if not lagging:
                         self._report_scheduled = True
+                    # Lagging: the loop has not run the previous report yet, it is saturated.
+                    # Wait for that report (it covers this commit too) to wake us, so the next
+                    # frame is bigger and acknowledgements go out in fewer writes. With a
+                    # syncer, the report's _kick has the loop commit the next frame.
+                    done = lagging or self._syncer is not None
+                    if done:
+                        self._go_idle()
                 if not lagging:
                     loop.call_soon_threadsafe(self._report)
                 # After the report is on its way: the acknowledgements do not wait for statfs.
-                self._check_space(loop)
-                if lagging:
+                self._check_space(loop.call_soon_threadsafe)
+                if done:
                     break
             if self._stopping:
                 return
+
+    def _go_idle(self) -> None:
+        # Under _lock. With a syncer, the next _kick decides who commits the next frame.
+        self._idle = True
+        if self._syncer is not None:
+            self._thread_turn = False
 
     def _maintain(self, loop: asyncio.AbstractEventLoop) -> None:
         """Retention (segments the lake has committed and no peer waits for), then the disk
@@ -300,7 +504,7 @@ class GroupCommitter:
                     if last is None:
                         break
                     self._gave_up(loop, peer_acked, last)
-        self._check_space(loop)
+        self._check_space(loop.call_soon_threadsafe)
 
     def _remove(self, upto: int, count: int | None) -> int | None:
         """Remove (at most ``count``) sealed segments old enough with every record at or below
@@ -362,11 +566,16 @@ class GroupCommitter:
                 )
         return None, None
 
-    def _check_space(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _check_space(self, post: Callable[[Callable[[], None]], object]) -> None:
+        """Tell the loop (``post`` runs a callback there) when the limit reached changes, not
+        the bytes. Runs in the thread and, after a loop commit, on the loop: the callback reads
+        the newest state, so two checks racing cannot leave an older one in place."""
         limit, reason = self._over_budget()
-        if limit != self._full_limit:  # reported when the limit reached changes, not the bytes
-            self._full_limit = limit
-            loop.call_soon_threadsafe(self._set_full, reason, self.bytes_on_disk, self.free_bytes)
+        with self._lock:
+            if limit == self._full_limit:
+                return
+            self._full_limit, self._full_reason = limit, reason
+        post(self._set_full)
 
     def _fail_and_retry(self, loop: asyncio.AbstractEventLoop, exc: BaseException) -> None:
         """A frame failed: have the loop refuse its publishes, then retry every second until a
@@ -396,7 +605,7 @@ class GroupCommitter:
                 self._report_scheduled = True
             loop.call_soon_threadsafe(self._report)
             loop.call_soon_threadsafe(self._recovered)
-            self._check_space(loop)
+            self._check_space(loop.call_soon_threadsafe)
             return
 
     # -- event loop --------------------------------------------------------------------------
@@ -406,6 +615,8 @@ class GroupCommitter:
         # report, one finishing before it is included in this one.
         with self._lock:
             self._report_scheduled = False
+        if self._syncer is not None and not self._writer.spare_bytes and self._spare_job is None:
+            self._prepare_spare()  # the spare went into a segment: write the next one ahead
         durable = self._committed_seq
         if durable > self.durable_seq:
             self.durable_seq = durable
@@ -445,7 +656,12 @@ class GroupCommitter:
         self.status = JournalStatus(state="full" if full else "ok", full=full)
         self.on_state(self.status)
 
-    def _set_full(self, reason: str | None, used: int, free: int) -> None:
+    def _set_full(self) -> None:
+        with self._lock:
+            reason = self._full_reason
+        if (reason or "") == self.status.full:
+            return  # a second report of the same change
+        used, free = self.bytes_on_disk, self.free_bytes
         state = self.status.state
         if state != "error":
             state = "full" if reason else "ok"
@@ -488,6 +704,9 @@ class GroupCommitter:
         try:
             if self._stopped is not None:
                 await self._stopped
+            if self._syncing is not None:  # a loop commit's sync is in flight: let it end
+                self._sync_settled = asyncio.get_running_loop().create_future()
+                await self._sync_settled
             # Appended while the thread was finishing (closing connections log their
             # disconnect): commit those here.
             frame = self._writer.drain()  # on the loop, where append runs: no race
@@ -504,12 +723,19 @@ class GroupCommitter:
         finally:
             if self._thread is not None:
                 self._thread.join()
+            if self._spare_job is not None:
+                await asyncio.wait([self._spare_job])
+            self._stop_syncer()
             self.closed = True
             self._writer.close()
 
 
 def _noop() -> None:
     pass
+
+
+def _call_now(callback: Callable[[], None]) -> None:
+    callback()
 
 
 def _ignore_status(status: JournalStatus) -> None:
