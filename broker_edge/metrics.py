@@ -48,6 +48,16 @@ _COUNTERS = (
     ("connects", "CONNECT packets received, accepted or refused.", "connects"),
     ("journal_refused", "QoS 1/2 publishes refused because of the journal.", "journal_refused"),
     ("journal_dropped", "QoS 0 publishes dropped because of the journal.", "journal_dropped"),
+    (
+        "journal_frames_synced_on_loop",
+        "Journal frames whose fdatasync completed on the event loop (Linux AIO).",
+        "journal_frames_loop",
+    ),
+    (
+        "journal_frames_synced_in_thread",
+        "Journal frames the commit thread wrote and synced (rolls, retries, no AIO).",
+        "journal_frames_thread",
+    ),
 )
 _TENANT_COUNTERS = (
     ("messages_in", "Publishes the tenant's clients sent this node."),

@@ -121,6 +121,8 @@ GAUGES: tuple[tuple[str, str], ...] = (
     ("journal/durable_seq", "journal_durable_seq"),
     ("journal/committed_seq", "journal_committed_seq"),
     ("journal/segments/removed", "journal_segments_removed"),
+    ("journal/frames/synced_on_loop", "journal_frames_loop"),
+    ("journal/frames/synced_in_thread", "journal_frames_thread"),
     ("journal/publish/refused", "journal_refused"),
     ("journal/publish/dropped", "journal_dropped"),
 )
@@ -157,6 +159,8 @@ class Sample:
     journal_durable_seq: int = 0
     journal_committed_seq: int = 0  # what the lake has committed ($control/journal/{node})
     journal_segments_removed: int = 0  # by retention since start
+    journal_frames_loop: int = 0  # frames whose sync completed on the event loop (Linux AIO)
+    journal_frames_thread: int = 0  # frames the commit thread wrote and synced
     journal_refused: int = 0  # QoS 1/2 publishes refused because of the journal
     journal_dropped: int = 0  # QoS 0 publishes dropped because of the journal
     # The edge mesh, when the edge may have peers: (topic under mesh/, value) pairs, e.g.
@@ -209,6 +213,8 @@ def sample(broker: Broker, uptime: int, journal: GroupCommitter | None = None) -
         journal_durable_seq=journal.durable_seq if journal is not None else 0,
         journal_committed_seq=journal.lake_committed_seq if journal is not None else 0,
         journal_segments_removed=journal.segments_removed if journal is not None else 0,
+        journal_frames_loop=journal.loop_commits if journal is not None else 0,
+        journal_frames_thread=journal.thread_commits if journal is not None else 0,
         journal_refused=broker.journal_refused,
         journal_dropped=broker.journal_dropped,
         mesh=broker.mesh.sys_values() if broker.mesh is not None else (),

@@ -125,6 +125,8 @@ def test_first_update_publishes_every_topic_with_mosquitto_names() -> None:
         journal_segments_removed=15,
         journal_refused=16,
         journal_dropped=17,
+        journal_frames_loop=18,
+        journal_frames_thread=19,
     )
     out = as_dict(SysTree("edgebus 0.1.0").update(now, at=0.0))
     expected = {
@@ -160,6 +162,8 @@ def test_first_update_publishes_every_topic_with_mosquitto_names() -> None:
         "journal/segments/removed": b"15",
         "journal/publish/refused": b"16",
         "journal/publish/dropped": b"17",
+        "journal/frames/synced_on_loop": b"18",
+        "journal/frames/synced_in_thread": b"19",
     }
     for topic, payload in expected.items():
         assert out.pop(P + topic) == payload, topic
