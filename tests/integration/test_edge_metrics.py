@@ -90,3 +90,23 @@ def test_readyz_says_why_publishes_are_refused(tmp_path: Path) -> None:
         {"status": "not ready", "reason": "journal full: journal_max_bytes"},
     )
     assert api.handle("POST", "/readyz", []).status == 405
+
+
+def test_an_edge_that_syncs_completes_its_syncs_on_the_loop(
+    make_edge: Any, tenants_file: Path, make_client: Any
+) -> None:
+    # The default: fsync on. On Linux every frame after the first segment's is synced by the
+    # kernel and reported on the event loop (Linux AIO); the commit thread writes the frames
+    # that start a segment (the first one, and the move onto the spare written ahead).
+    edge: RunningEdge = make_edge(tenants_file, http_listen="127.0.0.1:0")
+    port = http_port(edge)
+    durable = 0
+    for _ in range(20):  # QoS 1 publishes, each acknowledged once durable: one frame each
+        durable = published(make_client, edge, 5)
+    shown = scrape(port)
+    assert shown[("edgebus_edge_journal_durable_seq", ())] >= durable >= 100
+    on_loop = shown[("edgebus_edge_journal_frames_synced_on_loop_total", ())]
+    in_thread = shown[("edgebus_edge_journal_frames_synced_in_thread_total", ())]
+    assert on_loop > in_thread >= 1
+    segments = list((edge.settings.journal_root / edge.settings.node_id).glob("*.seg"))
+    assert in_thread <= len(segments)
