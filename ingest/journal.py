@@ -1006,8 +1006,10 @@ class JournalWriter:
         spare = self._spare_bytes
         if spare and not path.exists():
             # The spare becomes the segment: its name is the only thing left to make durable.
-            self._spare_bytes = 0
+            # Renamed before _spare_bytes says there is none: from then on a new spare may be
+            # started (in another thread), and it must not open this file as spare.tmp.
             os.rename(self._dir / SPARE_FILE, path)
+            self._spare_bytes = 0
             self._fd = self._files.open(path, os.O_WRONLY)
             self._path, self._size, self._alloc, self._positional = (
                 path, len(FILE_HEADER), spare, True
