@@ -44,9 +44,12 @@ two sides need no lock.
 A crash can leave the newest segment with a *torn tail*: a partial frame, a complete last frame
 whose CRC fails, or a zero-filled block the filesystem extended but never wrote. None of those
 was ever durable (the writer had not returned from fsync), so :meth:`JournalWriter.open`
-truncates them with a warning and the next record reuses the first lost seq. Anything bad that
-is *followed* by more bytes cannot be a torn write; it is corruption and raises
-:class:`JournalCorruptError` with the file and byte offset. Nothing is ever skipped silently.
+truncates them with a warning and the next record reuses the first lost seq. So are bytes after
+the last frame that are neither a frame nor zeros (a frame written over a spare's zeros whose
+first sector was lost and a later one not), unless the ``DURABLE`` watermark says a record
+there was durable. Anything else bad that is *followed* by more bytes cannot be a torn write; it
+is corruption and raises :class:`JournalCorruptError` with the file and byte offset. Nothing is
+ever skipped silently.
 
 Readers (the Spark source) open segments read-only and see only what is durable: after each
 commit's fdatasync the writer records the durable seq in the node's ``DURABLE`` file (8 bytes
@@ -107,6 +110,8 @@ SPARE_FILE = "spare.tmp"
 # A spare is this much larger than segment_bytes: the frame that crosses segment_bytes stays
 # inside its zeros unless it is larger.
 SPARE_SLACK = 2**20
+# Recovery's name for bytes after the last frame that are neither a frame nor zeros.
+GARBAGE_TAIL = "unreadable bytes after the last frame"
 DURABLE_FILE = "DURABLE"
 # The DURABLE file: the durable seq and the CRC-32 of those 8 bytes.
 _DURABLE = struct.Struct("<QI")
@@ -284,6 +289,7 @@ def _scan_frames(
     *,
     start: int = len(FILE_HEADER),
     stop_after: int | None = None,
+    garbage_is_torn: bool = False,
 ) -> tuple[list[_Frame], _Tail]:
     """Walk frame headers by seeking (bodies are not read).
 
@@ -306,6 +312,8 @@ def _scan_frames(
         if magic != FRAME_MAGIC:
             if _is_zero_tail(f, offset, size):
                 return frames, _Tail(offset, "zero-filled tail")
+            if garbage_is_torn:  # recovery decides (_recover: the DURABLE watermark)
+                return frames, _Tail(offset, GARBAGE_TAIL)
             raise JournalCorruptError(path, offset, f"bad frame magic {magic!r}")
         if frame_first != expected or count == 0:
             raise JournalCorruptError(
@@ -1064,7 +1072,7 @@ def _recover(node_dir: Path, *, fsync: bool) -> tuple[int, tuple[int, Path] | No
             if fsync:
                 os.fsync(f.fileno())
             return first_seq, segments[-1]
-        frames, tail = _scan_frames(f, path, first_seq, size)
+        frames, tail = _scan_frames(f, path, first_seq, size, garbage_is_torn=True)
         next_seq = first_seq
         for i, frame in enumerate(frames):
             f.seek(frame.offset + FRAME_HEADER.size)
@@ -1077,6 +1085,8 @@ def _recover(node_dir: Path, *, fsync: bool) -> tuple[int, tuple[int, Path] | No
                 tail = _Tail(frame.offset, "last frame fails its CRC")
                 break
             next_seq = frame.last_seq + 1
+        if tail.torn == GARBAGE_TAIL:
+            _check_garbage_never_durable(node_dir, path, tail, next_seq, fsync=fsync)
         if tail.torn:
             _check_no_later_frame(f, path, tail, size)
             # Zeros after the last frame are a spare's unused part (the writer stopped without
@@ -1091,6 +1101,23 @@ def _recover(node_dir: Path, *, fsync: bool) -> tuple[int, tuple[int, Path] | No
             )
             _truncate(f, tail.offset, fsync=fsync)
     return next_seq, segments[-1]
+
+
+def _check_garbage_never_durable(
+    node_dir: Path, path: Path, tail: _Tail, next_seq: int, *, fsync: bool
+) -> None:
+    """Bytes after the last frame that are neither a frame nor zeros: a write torn across
+    sectors (over a spare's zeros, the frame's first sector lost and a later one written) when
+    nothing there was ever durable, else damage. The ``DURABLE`` watermark tells: it is written
+    only after a sync, so it never names a seq that was not durable (a lost update only makes
+    it lower). Without fsync nothing was durable across a crash: always torn."""
+    durable = read_durable_seq(node_dir) if fsync else None
+    if durable is not None and durable >= next_seq:
+        raise JournalCorruptError(
+            path,
+            tail.offset,
+            f"bad frame magic where seq {next_seq} should start; seqs up to {durable} were durable",
+        )
 
 
 def _check_no_later_frame(f: BinaryIO, path: Path, tail: _Tail, size: int) -> None:

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import shutil
+import zlib
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from ingest.journal import (
     FRAME_HEADER,
     SPARE_FILE,
     SPARE_SLACK,
+    JournalCorruptError,
     JournalReader,
     JournalWriter,
     list_segments,
@@ -178,3 +180,42 @@ def test_a_reader_never_looks_past_the_watermark_into_a_frame_being_written(
         reader = JournalReader(node_dir)
         assert reader.last_seq() == durable
         assert _payload_ids(node_dir) == list(range(durable))
+
+
+def _crash_with_garbage_after_the_last_frame(tmp_path: Path) -> tuple[Path, int]:
+    """A writer on a spare killed while a frame's later sectors reached the disk and its
+    first did not: zeros where the frame header should be, then bytes that are not zeros."""
+    writer = JournalWriter.open(tmp_path, NODE, segment_bytes=SEGMENT)
+    _commit(writer, 0, 40)
+    writer.prepare_spare()
+    _until_the_spare_is_taken(writer)
+    durable, data_end = writer.durable_seq, writer._size
+    crashed = tmp_path / "crashed"
+    shutil.copytree(tmp_path / NODE, crashed / NODE)
+    writer.close()
+    os.remove(crashed / NODE / "LOCK")
+    with open(list_segments(crashed / NODE)[-1][1], "r+b") as f:
+        f.seek(data_end + 512)
+        f.write(b"\x5a" * 1024)
+    return crashed, durable
+
+
+def test_a_frame_whose_first_sector_was_lost_is_a_torn_tail_when_never_durable(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    crashed, durable = _crash_with_garbage_after_the_last_frame(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="ingest.journal"):
+        reopened = JournalWriter.open(crashed, NODE, segment_bytes=SEGMENT)
+    assert reopened.next_seq == durable + 1
+    assert "unreadable bytes after the last frame" in caplog.text
+    reopened.close()
+    assert _payload_ids(crashed / NODE) == list(range(durable))
+
+
+def test_unreadable_bytes_where_durable_records_were_are_damage(tmp_path: Path) -> None:
+    crashed, durable = _crash_with_garbage_after_the_last_frame(tmp_path)
+    # The watermark says a later record was durable: those bytes held it, so they are damage.
+    seq = (durable + 3).to_bytes(8, "little")
+    (crashed / NODE / "DURABLE").write_bytes(seq + zlib.crc32(seq).to_bytes(4, "little"))
+    with pytest.raises(JournalCorruptError, match=f"seq {durable + 1} should start"):
+        JournalWriter.open(crashed, NODE, segment_bytes=SEGMENT)
