@@ -127,10 +127,6 @@ class Syncer(Protocol):
     def close(self) -> None: ...
 
 
-def _aio_syncer() -> Syncer | None:
-    return AioSync.open()
-
-
 class GroupCommitter:
     def __init__(
         self,
@@ -140,7 +136,7 @@ class GroupCommitter:
         min_free_bytes: int = 0,
         retention_seconds: float = 0.0,
         wall_clock: Callable[[], float] = time.time,
-        syncer: Callable[[], Syncer | None] = _aio_syncer,
+        syncer: Callable[[], Syncer | None] = AioSync.open,
     ) -> None:
         self._writer = writer
         # Syncs that complete on the loop (see "Syncs on the loop"), made in start(): only for

@@ -20,6 +20,7 @@ without AIO, ``aio-max-nr`` reached): the committer then syncs in its thread as 
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
 import os
 import platform
@@ -103,7 +104,7 @@ class AioSync:
         """Start an fdatasync of ``fd``. Raises ``OSError`` when the kernel refuses it (the
         filesystem has no fsync for AIO, the context is full): nothing was started then."""
         if self._in_flight >= self._depth:
-            raise OSError(11, f"{self._depth} syncs already in flight")
+            raise OSError(errno.EAGAIN, f"{self._depth} syncs already in flight")
         slot = self._next
         iocb = self._iocbs[slot]
         _IOCB.pack_into(

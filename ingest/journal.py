@@ -15,7 +15,7 @@ search over names. A segment is a 5-byte file header (``b"EBJ1"`` + format versi
                                       | u64 first_seq | u32 record count
     body: one Arrow IPC RecordBatch in JOURNAL_SCHEMA, serialized without its schema
 
-Writing is split in three so the asyncio broker never blocks on the disk:
+Writing is split in three so the asyncio broker never waits for the disk:
 
 * ``append()`` (event-loop thread) assigns the next seq and adds the record's fields to one
   flat Python list. Nothing is durable yet.
@@ -25,7 +25,8 @@ Writing is split in three so the asyncio broker never blocks on the disk:
   whole frame with one ``os.write``, fdatasyncs, and only then advances ``durable_seq``. The
   broker acknowledges a QoS 1/2 publish once ``durable_seq`` reaches its seq. ``write``,
   ``sync`` and ``durable`` are its steps, for a committer that syncs asynchronously
-  (broker_edge.durability: Linux AIO on the event loop).
+  (broker_edge.durability: the event loop writes the frame into the page cache and Linux AIO
+  syncs it; the loop learns it is done from an eventfd).
 
 Spares. Appending to a file changes its size, and an fdatasync then writes the inode too: two
 disk writes and a cache flush per sync. ``prepare_spare`` writes the next segment ahead (a file
@@ -110,7 +111,9 @@ SPARE_FILE = "spare.tmp"
 # A spare is this much larger than segment_bytes: the frame that crosses segment_bytes stays
 # inside its zeros unless it is larger.
 SPARE_SLACK = 2**20
-# Recovery's name for bytes after the last frame that are neither a frame nor zeros.
+# What recovery calls the bytes after the last frame: zeros (a spare's unused part, or a block
+# the filesystem extended but never wrote), or neither a frame nor zeros.
+ZERO_TAIL = "zero-filled tail"
 GARBAGE_TAIL = "unreadable bytes after the last frame"
 DURABLE_FILE = "DURABLE"
 # The DURABLE file: the durable seq and the CRC-32 of those 8 bytes.
@@ -311,7 +314,7 @@ def _scan_frames(
         magic, body_len, crc, frame_first, count = FRAME_HEADER.unpack(raw)
         if magic != FRAME_MAGIC:
             if _is_zero_tail(f, offset, size):
-                return frames, _Tail(offset, "zero-filled tail")
+                return frames, _Tail(offset, ZERO_TAIL)
             if garbage_is_torn:  # recovery decides (_recover: the DURABLE watermark)
                 return frames, _Tail(offset, GARBAGE_TAIL)
             raise JournalCorruptError(path, offset, f"bad frame magic {magic!r}")
@@ -967,7 +970,7 @@ class JournalWriter:
         if self._fd is not None:
             with contextlib.suppress(OSError):
                 if self._alloc > self._size and self._failed is None:
-                    os.ftruncate(self._fd, self._size)  # readers then see a file of frames
+                    self._files.truncate(self._fd, self._size)  # readers see a file of frames
                 os.close(self._fd)
             self._fd = None
         if self._spare_bytes:
@@ -1091,7 +1094,7 @@ def _recover(node_dir: Path, *, fsync: bool) -> tuple[int, tuple[int, Path] | No
             _check_no_later_frame(f, path, tail, size)
             # Zeros after the last frame are a spare's unused part (the writer stopped without
             # closing): expected, not a torn write.
-            log = logger.info if tail.torn == "zero-filled tail" else logger.warning
+            log = logger.info if tail.torn == ZERO_TAIL else logger.warning
             log(
                 "journal %s: %s at byte offset %d, truncating %d bytes (never durable)",
                 path,
